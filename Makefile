@@ -1,0 +1,34 @@
+# `make demo` and `make test` are all a fresh clone needs: they install the
+# system packages (a CJK font for Chinese labels), create .venv, install attnlab
+# with every extra, then run.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.attnlab-installed
+DEMO_DIR ?= attnlab-demo
+
+.PHONY: setup demo test lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
+	bash scripts/install-system-deps.sh
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[all,test]"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/attnlab explain --out $(DEMO_DIR)
+	@echo "demo outputs (heatmap.png, heatmap.svg, trace.json, trace.md) are in $(DEMO_DIR)/"
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis

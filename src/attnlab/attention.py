@@ -1,0 +1,273 @@
+"""Scaled dot-product attention, written out from scratch in NumPy.
+
+    Attention(Q, K, V) = softmax(Q Kᵀ · scale + bias, masked) V,   scale = 1/√D
+
+Dimension legend: B batch, H heads, T query length, S key length, D head dim,
+Dv value dim, E model width. ``...`` is any number of leading batch dims.
+
+Mask convention (the only one in attnlab): ``mask`` is boolean and
+**True = may attend**. Additive values (ALiBi, -inf blocks, a relative bias) go
+through ``bias``. The seeds use two other conventions:
+
+- seed 000: ``scores + mask * -1e9`` with **1 = blocked** -> ``attnlab.masks.from_blocked(m)``
+- seed 001: ``masked_fill(mask == 0, -1e9)`` with **0 = blocked** -> ``attnlab.masks.from_keep(m)``
+
+A query row whose keys are all masked gets weights 0 and output 0 (never NaN,
+and never the uniform average that ``-1e9`` filling silently produces).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, overload
+
+import numpy as np
+
+from .errors import (
+    AttnlabError,
+    ShapeError,
+    as_bool_mask,
+    as_float_array,
+    check_broadcastable,
+    check_ndim,
+    shape_str,
+)
+from .masks import causal_mask
+
+__all__ = ["softmax", "scaled_dot_product_attention", "self_attention", "MAX_SCORE_ELEMENTS"]
+
+#: The plain path refuses to build a score matrix with more elements than this
+#: (2**31 elements = 8 GiB in float32), instead of swapping the machine to death.
+MAX_SCORE_ELEMENTS = 2**31
+
+
+def softmax(x: Any, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax along ``axis``.
+
+    softmax(x)_i = exp(x_i - max(x)) / Σ_j exp(x_j - max(x))
+
+    Subtracting the row maximum changes nothing mathematically but keeps every
+    exponent ≤ 0, so scores of ±1e4 neither overflow nor give NaN (the seed-000
+    version ``np.exp(s) / np.sum(np.exp(s))`` returns NaN already at s = 710).
+    ``-inf`` entries get probability 0; a slice that is entirely ``-inf`` gets all
+    zeros (the library's rule for a row with nothing to attend to).
+
+    Shapes: x (...) -> (...), same shape; integers are computed in float64.
+
+    >>> softmax([1.0, 2.0, 3.0]).round(4)
+    array([0.09  , 0.2447, 0.6652])
+    >>> softmax([1e4, -1e4]).tolist()
+    [1.0, 0.0]
+    """
+    arr = as_float_array(x, "x", allow_nonfinite=True)
+    if np.isnan(arr).any() or np.isposinf(arr).any():
+        raise AttnlabError("x: expected finite values or -inf, got NaN or +inf")
+    if arr.ndim == 0:
+        raise ShapeError("x: expected at least 1 dimension, got a scalar")
+    if not -arr.ndim <= axis < arr.ndim:
+        raise AttnlabError(f"axis: expected an int in [{-arr.ndim}, {arr.ndim - 1}], got {axis}")
+    return _softmax(arr, axis)
+
+
+def _softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Softmax without validation; -inf = excluded; an all -inf slice gives zeros."""
+    row_max = np.max(scores, axis=axis, keepdims=True) if scores.shape[axis] else None
+    if row_max is None:  # S = 0: nothing to normalise
+        return np.zeros_like(scores)
+    row_max = np.where(np.isneginf(row_max), 0.0, row_max)  # all-masked row: avoid -inf - -inf
+    exps = np.exp(scores - row_max)
+    sums = np.sum(exps, axis=axis, keepdims=True)
+    # Rows with nothing to attend to have sum 0: divide by 1 instead, leaving zeros.
+    return exps / np.where(sums == 0.0, 1.0, sums)
+
+
+@overload
+def scaled_dot_product_attention(
+    q: Any, k: Any, v: Any, mask: Any = ..., *, bias: Any = ..., is_causal: bool = ...,
+    scale: float | None = ..., return_weights: Literal[False] = ...,
+) -> np.ndarray: ...
+@overload
+def scaled_dot_product_attention(
+    q: Any, k: Any, v: Any, mask: Any = ..., *, bias: Any = ..., is_causal: bool = ...,
+    scale: float | None = ..., return_weights: Literal[True],
+) -> tuple[np.ndarray, np.ndarray]: ...
+def scaled_dot_product_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any = None,
+    *,
+    bias: Any = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    return_weights: bool = False,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Scaled dot-product attention.
+
+    Shapes:
+        q    (..., T, D)      queries
+        k    (..., S, D)      keys
+        v    (..., S, Dv)     values
+        mask bool, broadcastable to (..., T, S); True = may attend
+        bias float, broadcastable to (..., T, S); added to the scaled scores (-inf allowed)
+        ->   out (..., T, Dv), and weights (..., T, S) if ``return_weights``
+
+    The leading dims of q, k and v broadcast against each other (e.g. one k/v
+    shared by several query batches).
+
+    Formula::
+
+        scores  = q @ kᵀ                          (..., T, S)
+        scaled  = scores * scale + bias           scale = 1/√D by default
+        weights = softmax(scaled where allowed)   allowed = mask & causal
+        out     = weights @ v                     (..., T, Dv)
+
+    ``is_causal`` is aligned bottom-right, as in FlashAttention: query i sits at
+    absolute position S - T + i and may attend to keys j ≤ S - T + i. With T == S
+    this is the usual lower-triangular mask (identical to torch's ``is_causal``);
+    with T < S it is what cached decoding needs (the new queries are the last T
+    positions). With T > S the first T - S queries see nothing and get zeros.
+
+    A row with no key to attend to (all masked, or all bias -inf) gets weights 0
+    and output 0.
+
+    Dtypes: float32 stays float32, float64 stays float64, integers compute in
+    float64, float16 computes in float32 and is returned as float16.
+
+    >>> import numpy as np
+    >>> q = k = v = np.eye(2)
+    >>> scaled_dot_product_attention(q, k, v, is_causal=True).round(3)
+    array([[1.  , 0.  ],
+           [0.33, 0.67]])
+    """
+    q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, out_dtype = _prepare(
+        q, k, v, mask, bias, is_causal, scale
+    )
+    scores = q_arr @ np.swapaxes(k_arr, -1, -2)  # (..., T, S)
+    scaled = scores * np.asarray(scale_value, dtype=scores.dtype)  # (..., T, S)
+    if bias_arr is not None:
+        scaled = scaled + bias_arr  # (..., T, S)
+    if allowed is not None:
+        scaled = np.where(allowed, scaled, -np.inf)  # (..., T, S)
+    weights = _softmax(scaled, axis=-1)  # (..., T, S)
+    out = weights @ v_arr  # (..., T, Dv)
+    if out_dtype != out.dtype:
+        out, weights = out.astype(out_dtype), weights.astype(out_dtype)
+    return (out, weights) if return_weights else out
+
+
+def _prepare(
+    q: Any, k: Any, v: Any, mask: Any, bias: Any, is_causal: bool, scale: float | None
+) -> tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, float, np.dtype
+]:
+    """Validate and convert the inputs of attention; shared by the plain and fast paths."""
+    all_half = all(getattr(a, "dtype", None) == np.float16 for a in (q, k, v))
+    q_arr = as_float_array(q, "q")
+    k_arr = as_float_array(k, "k")
+    v_arr = as_float_array(v, "v")
+    check_ndim(q_arr, "q", 2, "(..., T, D)")
+    check_ndim(k_arr, "k", 2, "(..., S, D)")
+    check_ndim(v_arr, "v", 2, "(..., S, Dv)")
+    T, D = q_arr.shape[-2:]
+    S = k_arr.shape[-2]
+    if k_arr.shape[-1] != D:
+        raise ShapeError(
+            f"k: expected (..., S, {D}) to match q's last dim {D}, got {shape_str(k_arr.shape)}"
+        )
+    if v_arr.shape[-2] != S:
+        raise ShapeError(
+            f"v: expected (..., {S}, Dv) to match k's length S = {S}, got {shape_str(v_arr.shape)}"
+        )
+    try:
+        batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
+    except ValueError:
+        raise ShapeError(
+            "q, k, v: expected leading (batch) dims that broadcast together, got "
+            f"q {shape_str(q_arr.shape)}, k {shape_str(k_arr.shape)}, v {shape_str(v_arr.shape)}"
+        ) from None
+    score_shape = (*batch, T, S)
+    n_scores = int(np.prod(score_shape, dtype=np.int64))
+    if n_scores > MAX_SCORE_ELEMENTS:
+        raise AttnlabError(
+            f"q, k: the score matrix {shape_str(score_shape)} would hold {n_scores:,} elements, "
+            f"more than the plain path's limit of {MAX_SCORE_ELEMENTS:,} "
+            "(attnlab.attention.MAX_SCORE_ELEMENTS); use a tiled (flash) attention for "
+            "sequences this long"
+        )
+
+    dtype = np.result_type(q_arr, k_arr, v_arr)
+    q_arr, k_arr, v_arr = (a.astype(dtype, copy=False) for a in (q_arr, k_arr, v_arr))
+
+    if scale is None:
+        scale_value = 1.0 / np.sqrt(D) if D > 0 else 1.0
+    else:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+            raise AttnlabError(f"scale: expected a real number or None, got {scale!r}")
+        scale_value = float(scale)
+        if not np.isfinite(scale_value):
+            raise AttnlabError(f"scale: expected a finite number, got {scale_value}")
+
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise AttnlabError(f"is_causal: expected True or False, got {is_causal!r}")
+
+    allowed: np.ndarray | None = None
+    if mask is not None:
+        allowed = as_bool_mask(mask, "mask")
+        check_broadcastable(allowed.shape, score_shape, "mask", "(..., T, S)")
+    if is_causal:
+        causal = causal_mask(T, S)  # (T, S)
+        allowed = causal if allowed is None else (allowed & causal)
+
+    bias_arr: np.ndarray | None = None
+    if bias is not None:
+        bias_arr = as_float_array(bias, "bias", allow_nonfinite=True)
+        if np.isnan(bias_arr).any() or np.isposinf(bias_arr).any():
+            raise AttnlabError("bias: expected finite values or -inf, got NaN or +inf")
+        check_broadcastable(bias_arr.shape, score_shape, "bias", "(..., T, S)")
+        bias_arr = bias_arr.astype(dtype, copy=False)
+
+    out_dtype = np.dtype(np.float16) if all_half else dtype
+    return q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, out_dtype
+
+
+def self_attention(X: Any, Wq: Any, Wk: Any, Wv: Any) -> np.ndarray:
+    """Seed 000's ``self_attention``: project X, then scaled dot-product attention.
+
+    Shapes: X (..., T, E), Wq (E, D), Wk (E, D), Wv (E, Dv) -> (..., T, Dv)
+
+    Formula::
+
+        Q, K, V = X Wq, X Wk, X Wv
+        out     = softmax(Q Kᵀ / √D) V
+
+    Gives the seed's numbers on the same weights, but with a stable softmax, so
+    large scores give the right answer instead of NaN.
+
+    >>> import numpy as np
+    >>> X = np.array([[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]])
+    >>> W = np.random.default_rng(0).standard_normal((4, 3))
+    >>> self_attention(X, W, W, W).shape
+    (3, 3)
+    """
+    x_arr = as_float_array(X, "X")
+    check_ndim(x_arr, "X", 2, "(..., T, E)")
+    E = x_arr.shape[-1]
+    projections = []
+    for name, w in (("Wq", Wq), ("Wk", Wk), ("Wv", Wv)):
+        w_arr = as_float_array(w, name)
+        if w_arr.ndim != 2 or w_arr.shape[0] != E:
+            raise ShapeError(
+                f"{name}: expected ({E}, d) to match X's last dim E = {E}, "
+                f"got {shape_str(w_arr.shape)}"
+            )
+        projections.append(w_arr)
+    w_q, w_k, w_v = projections
+    if w_k.shape[1] != w_q.shape[1]:
+        raise ShapeError(
+            f"Wk: expected ({E}, {w_q.shape[1]}) to match Wq's output dim {w_q.shape[1]}, "
+            f"got {shape_str(w_k.shape)}"
+        )
+    Q = x_arr @ w_q  # (..., T, D)
+    K = x_arr @ w_k  # (..., T, D)
+    V = x_arr @ w_v  # (..., T, Dv)
+    return scaled_dot_product_attention(Q, K, V)

@@ -1,0 +1,149 @@
+"""One exception class for the library, and the checks that raise it.
+
+Every public function validates its inputs here, *before* any math, so that a
+mistake is reported as "which argument, what was expected, what was received"
+instead of surfacing later as a NumPy broadcasting error, a NaN or silently
+wrong numbers.
+
+Dimension legend (used in every message): B batch, H heads, T query length,
+S key length, D head dim, Dv value dim, E model width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "AttnlabError",
+    "ShapeError",
+    "as_float_array",
+    "as_bool_mask",
+    "check_ndim",
+    "check_broadcastable",
+    "check_positive_int",
+    "check_finite",
+    "missing_extra",
+]
+
+
+class AttnlabError(ValueError):
+    """Base class of every error attnlab raises on bad input.
+
+    It is a ``ValueError`` so that code which already catches ``ValueError``
+    keeps working.
+    """
+
+
+class ShapeError(AttnlabError):
+    """An array has the wrong number of dimensions or the wrong size."""
+
+
+def shape_str(shape: Sequence[int]) -> str:
+    """``(2, 7, 32)`` -- tuples of length one print without the trailing comma."""
+    return "(" + ", ".join(str(int(s)) for s in shape) + ")"
+
+
+def as_float_array(x: Any, name: str, *, allow_nonfinite: bool = False) -> np.ndarray:
+    """Convert ``x`` to a floating-point array, or raise naming ``name``.
+
+    - Python lists and integer arrays (the seeds write ``np.array([[1, 0, 1, 0], ...])``)
+      become float64.
+    - float16 is computed in float32 (float16 sums overflow at 65504); float32 and
+      float64 are kept as they are.
+    - bool, complex, object and string arrays are refused.
+    - NaN or Inf is refused unless ``allow_nonfinite`` (it would otherwise spread
+      through every softmax row it touches).
+    """
+    if x is None:
+        raise AttnlabError(f"{name}: expected an array, got None")
+    try:
+        arr = np.asarray(x)
+    except (ValueError, TypeError) as exc:  # ragged nested lists
+        raise AttnlabError(f"{name}: could not be read as a numeric array ({exc})") from None
+    if arr.dtype == np.bool_:
+        raise AttnlabError(f"{name}: expected a numeric array, got dtype bool")
+    if np.issubdtype(arr.dtype, np.integer):
+        arr = arr.astype(np.float64)
+    elif arr.dtype == np.float16:
+        arr = arr.astype(np.float32)
+    elif not np.issubdtype(arr.dtype, np.floating) or arr.dtype.itemsize > 8:
+        raise AttnlabError(
+            f"{name}: expected a real float or integer array, got dtype {arr.dtype}"
+        )
+    if not allow_nonfinite:
+        check_finite(arr, name)
+    return arr
+
+
+def check_finite(arr: np.ndarray, name: str) -> None:
+    """Raise if ``arr`` holds NaN or +-Inf, saying how many and where the first one is."""
+    finite = np.isfinite(arr)
+    if not finite.all():
+        bad = np.argwhere(~finite)
+        first = tuple(int(i) for i in bad[0])
+        kind = "NaN" if np.isnan(arr[first]) else "Inf"
+        raise AttnlabError(
+            f"{name}: expected finite values, got {len(bad)} non-finite "
+            f"(first: {kind} at index {first})"
+        )
+
+
+def check_ndim(arr: np.ndarray, name: str, min_ndim: int, layout: str) -> None:
+    """Require at least ``min_ndim`` dimensions; ``layout`` is the expected shape in words."""
+    if arr.ndim < min_ndim:
+        raise ShapeError(f"{name}: expected {layout}, got {shape_str(arr.shape)}")
+
+
+def check_positive_int(value: Any, name: str, *, allow_zero: bool = False) -> int:
+    """Return ``value`` as an int, or raise if it is not a (strictly) positive integer."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise AttnlabError(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
+    low = 0 if allow_zero else 1
+    if value < low:
+        raise AttnlabError(f"{name}: expected an integer >= {low}, got {value}")
+    return int(value)
+
+
+def check_broadcastable(
+    shape: Sequence[int], target: Sequence[int], name: str, layout: str
+) -> None:
+    """Raise unless an array of ``shape`` broadcasts to ``target`` (without growing it)."""
+    try:
+        result = np.broadcast_shapes(tuple(shape), tuple(target))
+    except ValueError:
+        result = None
+    if result != tuple(target):
+        raise ShapeError(
+            f"{name}: expected a shape broadcastable to {layout} = {shape_str(target)}, "
+            f"got {shape_str(shape)}"
+        )
+
+
+def as_bool_mask(mask: Any, name: str = "mask") -> np.ndarray:
+    """Return ``mask`` as a bool array; True = may attend.
+
+    Only boolean masks are accepted: the meaning of a mask never changes with
+    its dtype. Seed 000 writes 1 = blocked and seed 001 writes 0 = blocked;
+    convert them with :func:`attnlab.masks.from_blocked` /
+    :func:`attnlab.masks.from_keep`, or pass additive values through ``bias``.
+    """
+    arr = np.asarray(mask)
+    if arr.dtype != np.bool_:
+        raise AttnlabError(
+            f"{name}: expected a bool array (True = may attend), got dtype {arr.dtype}. "
+            "For a 0/1 mask use attnlab.masks.from_keep(m) (1 = may attend) or "
+            "attnlab.masks.from_blocked(m) (1 = blocked, as in seed 000); "
+            "additive values belong in bias="
+        )
+    return arr
+
+
+def missing_extra(module: str, extra: str, feature: str) -> ImportError:
+    """The error raised when an optional dependency is not installed."""
+    return ImportError(
+        f"{feature} needs the '{module}' package, which is not installed. "
+        f"Install it with: pip install 'attnlab[{extra}]'"
+    )

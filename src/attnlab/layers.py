@@ -1,0 +1,240 @@
+"""The blocks around attention: LayerNorm, dropout, feed-forward, and the layers.
+
+Dimension legend: B batch, T sequence length, E model width, F feed-forward width.
+
+Norm placement is always explicit (``norm="post"`` or ``norm="pre"``)::
+
+    post (original Transformer, BERT):  x = LN(x + Dropout(Sublayer(x)))
+    pre  (GPT-2 and most modern LLMs):  x = x + Dropout(Sublayer(LN(x)))
+
+Seed 001's text says its layer is Pre-LN, but its code
+``x = x + dropout(attn(x)); return norm1(x)`` is Post-LN. attnlab's default is
+"post", matching that code; choose "pre" for deep stacks, where it trains more
+stably without learning-rate warm-up.
+
+Dropout is active only in training mode (``layer.train()``), and draws from the
+layer's own seeded generator, so a run is reproducible. Layers start in
+evaluation mode (unlike ``torch.nn.Module``, which starts in training mode):
+calling a layer twice on the same input gives the same answer unless you ask
+for training.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+
+from .errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
+from .init import as_rng, init_weight
+from .multihead import MultiHeadAttention
+from .special import erf
+
+__all__ = ["LayerNorm", "Dropout", "FeedForward", "SelfAttentionLayer", "EncoderBlock", "gelu"]
+
+NormPlacement = Literal["post", "pre"]
+
+
+class LayerNorm:
+    """Layer normalisation over the last dim.
+
+    Shapes: x (..., E) -> (..., E)
+
+    y = (x - mean) / sqrt(var + eps) * gamma + beta, with the biased variance
+    (divide by E), as in ``torch.nn.LayerNorm``.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-5, *, gamma: Any = None, beta: Any = None):
+        self.d_model = check_positive_int(d_model, "d_model")
+        if not (isinstance(eps, (int, float)) and eps > 0):
+            raise AttnlabError(f"eps: expected a positive number, got {eps!r}")
+        self.eps = float(eps)
+        self.gamma = np.ones(d_model) if gamma is None else _vec(gamma, "gamma", d_model)
+        self.beta = np.zeros(d_model) if beta is None else _vec(beta, "beta", d_model)
+
+    def __call__(self, x: Any) -> np.ndarray:
+        x_arr = as_float_array(x, "x")
+        if x_arr.ndim < 1 or x_arr.shape[-1] != self.d_model:
+            raise ShapeError(f"x: expected (..., {self.d_model}), got {shape_str(x_arr.shape)}")
+        mean = x_arr.mean(axis=-1, keepdims=True)  # (..., 1)
+        centred = x_arr - mean  # (..., E)
+        var = np.mean(centred * centred, axis=-1, keepdims=True)  # (..., 1)
+        normed = centred / np.sqrt(var + self.eps)  # (..., E)
+        return (normed * self.gamma + self.beta).astype(x_arr.dtype, copy=False)
+
+
+class Dropout:
+    """Inverted dropout: zero each element with probability p, scale the rest by 1/(1-p).
+
+    Active only while ``training`` is True; draws from its own seeded generator.
+    """
+
+    def __init__(self, p: float = 0.1, *, seed: int | np.random.Generator | None = 0):
+        if not (isinstance(p, (int, float)) and not isinstance(p, bool) and 0.0 <= p < 1.0):
+            raise AttnlabError(f"p: expected a probability in [0, 1), got {p!r}")
+        self.p = float(p)
+        self.rng = as_rng(seed)
+        self.training = False
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = self.rng.random(x.shape) >= self.p  # same shape as x
+        return np.where(keep, x / (1.0 - self.p), 0.0).astype(x.dtype, copy=False)
+
+
+def gelu(x: np.ndarray, approximate: Literal["none", "tanh"] = "none") -> np.ndarray:
+    """GELU(x) = x · Φ(x). ``approximate="none"`` uses the exact erf (BERT), "tanh" GPT-2's."""
+    x = as_float_array(x, "x", allow_nonfinite=True)  # integers -> float64, never truncated
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    half = np.asarray(0.5, dtype=x.dtype)
+    return half * x * (1.0 + erf(x * np.asarray(1.0 / math.sqrt(2.0), dtype=x.dtype)))
+
+
+_ACTIVATIONS = {
+    "relu": lambda x: np.maximum(x, 0.0),
+    "gelu": gelu,
+    "gelu_tanh": lambda x: gelu(x, "tanh"),
+}
+
+
+class FeedForward:
+    """Position-wise feed-forward: act(x W1 + b1) W2 + b2.
+
+    Shapes: x (..., E) -> (..., E); W1 (E, F), W2 (F, E).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        *,
+        activation: str = "relu",
+        scheme: str = "xavier",
+        seed: int | np.random.Generator | None = 0,
+    ):
+        E = check_positive_int(d_model, "d_model")
+        F = check_positive_int(d_ff, "d_ff")
+        if activation not in _ACTIVATIONS:
+            raise AttnlabError(
+                f"activation: expected one of {sorted(_ACTIVATIONS)}, got {activation!r}"
+            )
+        rng = as_rng(seed)
+        self.activation = activation
+        self.W1, self.b1 = init_weight(E, F, scheme, rng=rng), np.zeros(F)
+        self.W2, self.b2 = init_weight(F, E, scheme, rng=rng), np.zeros(E)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        hidden = _ACTIVATIONS[self.activation](x @ self.W1 + self.b1)  # (..., F)
+        return hidden @ self.W2 + self.b2  # (..., E)
+
+
+class SelfAttentionLayer:
+    """Multi-head self-attention + dropout + residual + LayerNorm (seed 001's layer).
+
+    Shapes: x (B, T, E) or (T, E) -> same shape; ``mask`` broadcastable to
+    (B, H, T, S), True = may attend.
+
+    post: LN(x + Dropout(MHA(x)));   pre: x + Dropout(MHA(LN(x)))
+
+    >>> layer = SelfAttentionLayer(8, 2, dropout=0.1, seed=0)
+    >>> layer(np.ones((2, 3, 8))).shape
+    (2, 3, 8)
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        dropout: float = 0.1,
+        norm: NormPlacement = "post",
+        num_kv_heads: int | None = None,
+        eps: float = 1e-5,
+        scheme: str = "xavier",
+        v_gain: float = 1.0,
+        seed: int | np.random.Generator | None = 0,
+    ):
+        if norm not in ("post", "pre"):
+            raise AttnlabError(f"norm: expected 'post' or 'pre', got {norm!r}")
+        rng = as_rng(seed)
+        self.norm = norm
+        self.attn = MultiHeadAttention.init(
+            d_model, num_heads, num_kv_heads=num_kv_heads, scheme=scheme, v_gain=v_gain, seed=rng
+        )
+        self.norm1 = LayerNorm(d_model, eps)
+        self.dropout = Dropout(dropout, seed=rng)
+
+    @property
+    def training(self) -> bool:
+        return self.dropout.training
+
+    def train(self, mode: bool = True) -> SelfAttentionLayer:
+        """Switch dropout on (``mode=True``) or off; returns self."""
+        self.dropout.training = bool(mode)
+        return self
+
+    def eval(self) -> SelfAttentionLayer:
+        return self.train(False)
+
+    def __call__(
+        self, x: Any, mask: Any = None, *, is_causal: bool = False, bias: Any = None
+    ) -> np.ndarray:
+        x_arr = as_float_array(x, "x")
+
+        def attend(h: np.ndarray) -> np.ndarray:
+            out = self.attn(h, mask=mask, is_causal=is_causal, bias=bias)
+            return out  # type: ignore[return-value]  # weights not requested
+
+        if self.norm == "post":
+            return self.norm1(x_arr + self.dropout(attend(x_arr)))  # (B, T, E)
+        return x_arr + self.dropout(attend(self.norm1(x_arr)))  # (B, T, E)
+
+
+class EncoderBlock(SelfAttentionLayer):
+    """A full encoder block: the attention sublayer, then a feed-forward sublayer.
+
+    post (BERT): h = LN1(x + Drop(MHA(x)));  out = LN2(h + Drop(FFN(h)))
+    pre:         h = x + Drop(MHA(LN1(x)));  out = h + Drop(FFN(LN2(h)))
+
+    Shapes: x (B, T, E) -> (B, T, E)
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        *,
+        activation: str = "gelu",
+        dropout: float = 0.1,
+        norm: NormPlacement = "post",
+        num_kv_heads: int | None = None,
+        eps: float = 1e-5,
+        scheme: str = "xavier",
+        seed: int | np.random.Generator | None = 0,
+    ):
+        rng = as_rng(seed)
+        super().__init__(
+            d_model, num_heads, dropout=dropout, norm=norm, num_kv_heads=num_kv_heads,
+            eps=eps, scheme=scheme, seed=rng,
+        )
+        self.ffn = FeedForward(d_model, d_ff, activation=activation, scheme=scheme, seed=rng)
+        self.norm2 = LayerNorm(d_model, eps)
+
+    def __call__(
+        self, x: Any, mask: Any = None, *, is_causal: bool = False, bias: Any = None
+    ) -> np.ndarray:
+        h = super().__call__(x, mask, is_causal=is_causal, bias=bias)  # (B, T, E)
+        if self.norm == "post":
+            return self.norm2(h + self.dropout(self.ffn(h)))  # (B, T, E)
+        return h + self.dropout(self.ffn(self.norm2(h)))  # (B, T, E)
+
+
+def _vec(value: Any, name: str, size: int) -> np.ndarray:
+    arr = as_float_array(value, name)
+    if arr.shape != (size,):
+        raise ShapeError(f"{name}: expected ({size},), got {shape_str(arr.shape)}")
+    return arr

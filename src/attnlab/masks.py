@@ -1,0 +1,124 @@
+"""Boolean attention masks, and conversions from the seeds' conventions.
+
+attnlab has one mask convention: a bool array broadcastable to (..., T, S),
+**True = may attend**. Additive values go through ``bias`` instead.
+
+The seed articles use two other conventions; convert them once, at the edge:
+
+=============================  ==========================  =====================
+source                         meaning of 1                attnlab mask
+=============================  ==========================  =====================
+seed 000 ``scores + m*-1e9``   1 = blocked                 ``from_blocked(m)``
+seed 001 ``masked_fill(m==0)`` 1 = may attend (0 blocked)  ``from_keep(m)``
+Hugging Face attention_mask    1 = real token              ``padding_mask(m)``
+=============================  ==========================  =====================
+
+Dimension legend: B batch, H heads, T query length, S key length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import AttnlabError, ShapeError, check_positive_int, shape_str
+
+__all__ = [
+    "causal_mask",
+    "padding_mask",
+    "from_blocked",
+    "from_keep",
+    "mask_to_bias",
+]
+
+
+def causal_mask(T: int, S: int | None = None) -> np.ndarray:
+    """Bottom-right aligned causal mask, True = may attend.
+
+    Shapes: -> (T, S); S defaults to T.
+
+    Query i sits at absolute position S - T + i and may attend to keys
+    j ≤ S - T + i (FlashAttention's alignment). With T == S it is the lower
+    triangle; with T = 1 (one decoding step over S cached keys) it allows all S.
+
+    >>> causal_mask(3).astype(int)
+    array([[1, 0, 0],
+           [1, 1, 0],
+           [1, 1, 1]])
+    >>> causal_mask(2, 4).astype(int)
+    array([[1, 1, 1, 0],
+           [1, 1, 1, 1]])
+    """
+    T = check_positive_int(T, "T", allow_zero=True)
+    S = T if S is None else check_positive_int(S, "S", allow_zero=True)
+    query_pos = np.arange(T)[:, None] + (S - T)  # (T, 1) absolute positions
+    key_pos = np.arange(S)[None, :]  # (1, S)
+    return key_pos <= query_pos  # (T, S)
+
+
+def padding_mask(attention_mask: Any) -> np.ndarray:
+    """Key-padding mask from a 0/1 "real token" matrix (Hugging Face's attention_mask).
+
+    Shapes: attention_mask (B, S) of 0/1 or bool -> (B, 1, 1, S) bool, which
+    broadcasts against (B, H, T, S) scores.
+
+    >>> padding_mask([[1, 1, 0]]).shape
+    (1, 1, 1, 3)
+    """
+    arr = _as_01(attention_mask, "attention_mask")
+    if arr.ndim != 2:
+        raise ShapeError(f"attention_mask: expected (B, S), got {shape_str(arr.shape)}")
+    return arr[:, None, None, :]  # (B, 1, 1, S)
+
+
+def from_blocked(mask: Any) -> np.ndarray:
+    """Convert seed 000's mask (1 = blocked, added as ``mask * -1e9``) to attnlab's.
+
+    Shapes: (...) -> (...) bool, True = may attend.
+
+    >>> from_blocked([[0, 1], [0, 0]]).tolist()
+    [[True, False], [True, True]]
+    """
+    return ~_as_01(mask, "mask")
+
+
+def from_keep(mask: Any) -> np.ndarray:
+    """Convert seed 001's mask (``masked_fill(mask == 0, -1e9)``: 0 = blocked) to attnlab's.
+
+    Shapes: (...) -> (...) bool, True = may attend.
+
+    >>> from_keep([[1, 0], [1, 1]]).tolist()
+    [[True, False], [True, True]]
+    """
+    return _as_01(mask, "mask")
+
+
+def mask_to_bias(mask: Any, dtype: Any = np.float64) -> np.ndarray:
+    """Additive bias equal to a boolean mask: 0 where allowed, -inf where blocked.
+
+    Shapes: (...) -> (...) float.
+
+    -inf rather than seed 001's -1e9: with -1e9 a fully blocked row silently
+    becomes a uniform average over the blocked keys; with -inf attnlab gives 0.
+    """
+    arr = np.asarray(mask)
+    if arr.dtype != np.bool_:
+        raise AttnlabError(
+            f"mask: expected a bool array (True = may attend), got dtype {arr.dtype}"
+        )
+    return np.where(arr, 0.0, -np.inf).astype(dtype)
+
+
+def _as_01(mask: Any, name: str) -> np.ndarray:
+    """A 0/1 (or bool) array as bool; anything else is an error, not a guess."""
+    arr = np.asarray(mask)
+    if arr.dtype == np.bool_:
+        return arr
+    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise AttnlabError(f"{name}: expected a 0/1 or bool array, got dtype {arr.dtype}")
+    values = np.unique(arr)
+    if not np.isin(values, (0, 1)).all():
+        shown = ", ".join(str(x) for x in values[~np.isin(values, (0, 1))][:5])
+        raise AttnlabError(f"{name}: expected only 0 and 1, got values {shown}")
+    return arr.astype(bool)

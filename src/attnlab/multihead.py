@@ -1,0 +1,289 @@
+"""Multi-head attention with explicit parameters, self- and cross-attention, and GQA.
+
+Weights are stored as (in, out) and applied as ``X @ W`` like the seeds do
+(``torch.nn.Linear`` stores (out, in): ``W = linear.weight.T``).
+
+Dimension legend: B batch, H query heads, Hkv key/value heads, T query length,
+S key length, D head dim, Dv value head dim, E model width (Ekv for the
+context in cross-attention).
+
+Formula, for head h (with GQA, head h reads key/value head h // (H / Hkv))::
+
+    Q_h = X Wq[:, h]       K_g = C Wk[:, g]      V_g = C Wv[:, g]
+    head_h = softmax(Q_h K_gᵀ / √D  [masked]) V_g
+    out = concat(head_1, ..., head_H) Wo + bo
+
+Seed 000's ``multi_head_attention`` draws a fresh random Wq/Wk/Wv per head and
+concatenates; that is exactly this with Wq = [Wq_1 | ... | Wq_H] and Wo = I.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .attention import scaled_dot_product_attention
+from .errors import (
+    AttnlabError,
+    ShapeError,
+    as_bool_mask,
+    as_float_array,
+    check_broadcastable,
+    check_positive_int,
+    shape_str,
+)
+from .init import as_rng, init_weight
+
+__all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
+
+
+def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
+    """(..., T, H*D) -> (..., H, T, D)."""
+    *lead, T, width = x.shape
+    x = x.reshape(*lead, T, num_heads, width // num_heads)  # (..., T, H, D)
+    return np.swapaxes(x, -3, -2)  # (..., H, T, D)
+
+
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    """(..., H, T, D) -> (..., T, H*D)."""
+    *lead, H, T, D = x.shape
+    x = np.swapaxes(x, -3, -2)  # (..., T, H, D)
+    return x.reshape(*lead, T, H * D)  # (..., T, H*D)
+
+
+@dataclass
+class MultiHeadAttention:
+    """Multi-head (and grouped-query) attention with explicit NumPy parameters.
+
+    Parameters (all (in, out)):
+        Wq (E, H*D), Wk (Ekv, Hkv*D), Wv (Ekv, Hkv*Dv), Wo (H*Dv, E_out)
+        bq (H*D,), bk (Hkv*D,), bv (Hkv*Dv,), bo (E_out,) — optional biases
+        num_heads H, num_kv_heads Hkv (default H; H must be a multiple of Hkv)
+
+    Build random ones with :meth:`init`; build from arrays directly to check
+    against another implementation.
+
+    >>> mha = MultiHeadAttention.init(8, num_heads=2, seed=0)
+    >>> x = np.ones((1, 3, 8))
+    >>> mha(x).shape
+    (1, 3, 8)
+    >>> out, weights = mha(x, return_weights=True)
+    >>> weights.shape
+    (1, 2, 3, 3)
+    """
+
+    Wq: np.ndarray
+    Wk: np.ndarray
+    Wv: np.ndarray
+    Wo: np.ndarray
+    num_heads: int
+    num_kv_heads: int | None = None
+    bq: np.ndarray | None = None
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+    bo: np.ndarray | None = None
+    head_dim: int = field(init=False)
+    value_head_dim: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        H = check_positive_int(self.num_heads, "num_heads")
+        Hkv = H if self.num_kv_heads is None else check_positive_int(
+            self.num_kv_heads, "num_kv_heads"
+        )
+        if H % Hkv:
+            raise AttnlabError(
+                f"num_kv_heads: expected a divisor of num_heads = {H}, got {Hkv}"
+            )
+        self.num_heads, self.num_kv_heads = H, Hkv
+        self.Wq = _matrix(self.Wq, "Wq")
+        self.Wk = _matrix(self.Wk, "Wk")
+        self.Wv = _matrix(self.Wv, "Wv")
+        self.Wo = _matrix(self.Wo, "Wo")
+        if self.Wq.shape[1] % H:
+            raise ShapeError(
+                f"Wq: expected (E, H*D) with H = {H} dividing its width, "
+                f"got {shape_str(self.Wq.shape)}"
+            )
+        D = self.Wq.shape[1] // H
+        if self.Wk.shape[1] != Hkv * D:
+            raise ShapeError(
+                f"Wk: expected (Ekv, Hkv*D) = (Ekv, {Hkv * D}) for Hkv = {Hkv}, D = {D}, "
+                f"got {shape_str(self.Wk.shape)}"
+            )
+        if self.Wv.shape[0] != self.Wk.shape[0]:
+            raise ShapeError(
+                f"Wv: expected ({self.Wk.shape[0]}, Hkv*Dv) to read the same input as Wk, "
+                f"got {shape_str(self.Wv.shape)}"
+            )
+        if self.Wv.shape[1] % Hkv:
+            raise ShapeError(
+                f"Wv: expected (Ekv, Hkv*Dv) with Hkv = {Hkv} dividing its width, "
+                f"got {shape_str(self.Wv.shape)}"
+            )
+        Dv = self.Wv.shape[1] // Hkv
+        if self.Wo.shape[0] != H * Dv:
+            raise ShapeError(
+                f"Wo: expected (H*Dv, E_out) = ({H * Dv}, E_out), got {shape_str(self.Wo.shape)}"
+            )
+        self.head_dim, self.value_head_dim = D, Dv
+        self.bq = _vector(self.bq, "bq", self.Wq.shape[1])
+        self.bk = _vector(self.bk, "bk", self.Wk.shape[1])
+        self.bv = _vector(self.bv, "bv", self.Wv.shape[1])
+        self.bo = _vector(self.bo, "bo", self.Wo.shape[1])
+
+    @classmethod
+    def init(
+        cls,
+        d_model: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        d_context: int | None = None,
+        bias: bool = True,
+        scheme: str = "xavier",
+        v_gain: float = 1.0,
+        seed: int | np.random.Generator | None = 0,
+        dtype: Any = np.float64,
+    ) -> MultiHeadAttention:
+        """Random parameters: Xavier/Glorot by default, zero biases.
+
+        ``head_dim`` defaults to d_model // num_heads; ``d_context`` (Ekv) is the
+        width of the keys/values' input for cross-attention (default d_model).
+        ``scheme`` is "xavier", "xavier_normal" or "normal" (the seeds' randn);
+        ``v_gain`` < 1 scales Wv down (seed 001's "smaller scale for V").
+        """
+        E = check_positive_int(d_model, "d_model")
+        H = check_positive_int(num_heads, "num_heads")
+        Hkv = H if num_kv_heads is None else check_positive_int(num_kv_heads, "num_kv_heads")
+        if head_dim is None:
+            if E % H:
+                raise AttnlabError(
+                    f"d_model: expected a multiple of num_heads = {H} (or pass head_dim), got {E}"
+                )
+            head_dim = E // H
+        D = check_positive_int(head_dim, "head_dim")
+        Ekv = E if d_context is None else check_positive_int(d_context, "d_context")
+        rng = as_rng(seed)
+        def zeros(n: int) -> np.ndarray | None:
+            return np.zeros(n, dtype=dtype) if bias else None
+
+        return cls(
+            Wq=init_weight(E, H * D, scheme, rng=rng).astype(dtype),
+            Wk=init_weight(Ekv, Hkv * D, scheme, rng=rng).astype(dtype),
+            Wv=init_weight(Ekv, Hkv * D, scheme, rng=rng, gain=v_gain, std=v_gain).astype(dtype),
+            Wo=init_weight(H * D, E, scheme, rng=rng).astype(dtype),
+            num_heads=H,
+            num_kv_heads=Hkv,
+            bq=zeros(H * D), bk=zeros(Hkv * D), bv=zeros(Hkv * D), bo=zeros(E),
+        )
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Name -> array of every parameter that is set (biases may be None)."""
+        names = ("Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    def project(
+        self, x: np.ndarray, context: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Q, K, V split into heads: (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)."""
+        q = _linear(x, self.Wq, self.bq)  # (..., T, H*D)
+        k = _linear(context, self.Wk, self.bk)  # (..., S, Hkv*D)
+        v = _linear(context, self.Wv, self.bv)  # (..., S, Hkv*Dv)
+        Hkv = self.num_kv_heads or self.num_heads  # an int after __post_init__
+        return (
+            split_heads(q, self.num_heads),  # (..., H, T, D)
+            split_heads(k, Hkv),  # (..., Hkv, S, D)
+            split_heads(v, Hkv),  # (..., Hkv, S, Dv)
+        )
+
+    def expand_kv(self, kv: np.ndarray) -> np.ndarray:
+        """GQA: repeat each key/value head for the H / Hkv query heads that share it.
+
+        (..., Hkv, S, D) -> (..., H, S, D); query head h reads kv head h // (H / Hkv).
+        """
+        group = self.num_heads // (self.num_kv_heads or self.num_heads)
+        return kv if group == 1 else np.repeat(kv, group, axis=-3)  # (..., H, S, D)
+
+    def __call__(
+        self,
+        x: Any,
+        context: Any = None,
+        mask: Any = None,
+        *,
+        key_padding: Any = None,
+        bias: Any = None,
+        is_causal: bool = False,
+        return_weights: bool = False,
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Attend from ``x`` to ``context`` (default: ``x`` itself).
+
+        Shapes:
+            x           (B, T, E) or (T, E)
+            context     (B, S, Ekv) or (S, Ekv); None = self-attention
+            mask        bool, broadcastable to (B, H, T, S); True = may attend
+            key_padding bool (B, S); True = a real token (may be attended to)
+            bias        float, broadcastable to (B, H, T, S), e.g. ALiBi (H, T, S)
+            ->          out (B, T, E_out), and per-head weights (B, H, T, S)
+        """
+        x_arr = as_float_array(x, "x")
+        ctx = x_arr if context is None else as_float_array(context, "context")
+        if x_arr.ndim not in (2, 3):
+            raise ShapeError(f"x: expected (B, T, E) or (T, E), got {shape_str(x_arr.shape)}")
+        if x_arr.shape[-1] != self.Wq.shape[0]:
+            raise ShapeError(
+                f"x: expected (B, T, {self.Wq.shape[0]}) to match Wq, got {shape_str(x_arr.shape)}"
+            )
+        if ctx.ndim != x_arr.ndim or ctx.shape[-1] != self.Wk.shape[0] or (
+            ctx.ndim == 3 and ctx.shape[0] != x_arr.shape[0]
+        ):
+            lead = f"{x_arr.shape[0]}, " if x_arr.ndim == 3 else ""
+            raise ShapeError(
+                f"context: expected ({lead}S, {self.Wk.shape[0]}) to match x and Wk, "
+                f"got {shape_str(ctx.shape)}"
+            )
+        if key_padding is not None:
+            kp = np.asarray(key_padding)
+            expected = (*ctx.shape[:-2], ctx.shape[-2])
+            if kp.dtype != np.bool_ or kp.shape != expected:
+                raise ShapeError(
+                    f"key_padding: expected bool {shape_str(expected)} (True = real token), "
+                    f"got {kp.dtype} {shape_str(kp.shape)}"
+                )
+            kp = kp[..., None, None, :]  # (B, 1, 1, S)
+            if mask is not None:
+                # Validate before `&`, which would raise a bare TypeError/ValueError.
+                mask = as_bool_mask(mask, "mask")
+                scores = (*x_arr.shape[:-2], self.num_heads, x_arr.shape[-2], ctx.shape[-2])
+                check_broadcastable(mask.shape, scores, "mask", "(B, H, T, S)")
+            mask = kp if mask is None else (mask & kp)
+        q, k, v = self.project(x_arr, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
+        k, v = self.expand_kv(k), self.expand_kv(v)  # (B, H, S, D), (B, H, S, Dv)
+        heads, weights = scaled_dot_product_attention(
+            q, k, v, mask, bias=bias, is_causal=is_causal, return_weights=True
+        )  # (B, H, T, Dv), (B, H, T, S)
+        out = _linear(merge_heads(heads), self.Wo, self.bo)  # (B, T, E_out)
+        return (out, weights) if return_weights else out
+
+
+def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    y = x @ w  # (..., in) @ (in, out) -> (..., out)
+    return y if b is None else y + b
+
+
+def _matrix(w: Any, name: str) -> np.ndarray:
+    arr = as_float_array(w, name)
+    if arr.ndim != 2:
+        raise ShapeError(f"{name}: expected a 2-D (in, out) matrix, got {shape_str(arr.shape)}")
+    return arr
+
+
+def _vector(b: Any, name: str, size: int) -> np.ndarray | None:
+    if b is None:
+        return None
+    arr = as_float_array(b, name)
+    if arr.shape != (size,):
+        raise ShapeError(f"{name}: expected ({size},), got {shape_str(arr.shape)}")
+    return arr

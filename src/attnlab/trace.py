@@ -1,0 +1,364 @@
+"""A trace: the named intermediate matrices of an attention computation.
+
+A :class:`Trace` is a list of :class:`Step` objects (X, Wq, Q, scores, weights,
+...), each carrying its formula, shape and values, optionally tagged with the
+head and layer it belongs to. It prints as text in English or Chinese, exports
+to JSON and Markdown, and draws its attention weights as heatmaps.
+
+``attnlab.explain`` produces one; a real model's run can produce the same kind.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from .errors import AttnlabError
+
+__all__ = ["Step", "Trace", "STEP_TEXT"]
+
+Lang = Literal["en", "zh"]
+
+#: Title and one-line explanation of each step kind, in English and Chinese.
+STEP_TEXT: dict[str, dict[str, tuple[str, str]]] = {
+    "X": {
+        "en": ("Input X", "one row per token: its embedding vector"),
+        "zh": ("输入 X", "每一行是一个词（token）的向量表示"),
+    },
+    "Wq": {
+        "en": ("Query weights Wq", "learned projection to the query space"),
+        "zh": ("查询权重 Wq", "把输入映射到 Query 空间的权重矩阵"),
+    },
+    "Wk": {
+        "en": ("Key weights Wk", "learned projection to the key space"),
+        "zh": ("键权重 Wk", "把输入映射到 Key 空间的权重矩阵"),
+    },
+    "Wv": {
+        "en": ("Value weights Wv", "learned projection to the value space"),
+        "zh": ("值权重 Wv", "把输入映射到 Value 空间的权重矩阵"),
+    },
+    "Q": {
+        "en": ("Queries Q", "what each token is looking for"),
+        "zh": ("查询 Q", "每个词想要“找”什么（相当于搜索请求）"),
+    },
+    "K": {
+        "en": ("Keys K", "what each token offers to be found by"),
+        "zh": ("键 K", "每个词用来被匹配的“索引关键词”"),
+    },
+    "V": {
+        "en": ("Values V", "the content each token passes on"),
+        "zh": ("值 V", "每个词真正要传递的内容"),
+    },
+    "scores": {
+        "en": ("Scores Q·Kᵀ", "row i, column j: how well query i matches key j"),
+        "zh": ("注意力分数 Q·Kᵀ", "第 i 行第 j 列：查询 i 与键 j 的匹配程度（点积）"),
+    },
+    "scaled": {
+        "en": ("Scaled scores", "divided by √d_k so the softmax does not saturate"),
+        "zh": ("缩放后的分数", "除以 √d_k，防止 softmax 饱和、梯度消失"),
+    },
+    "masked": {
+        "en": ("Masked scores", "blocked positions set to -∞ (they get weight 0)"),
+        "zh": ("掩码后的分数", "被屏蔽的位置设为 -∞（权重为 0）"),
+    },
+    "weights": {
+        "en": ("Attention weights", "softmax of each row: each row sums to 1"),
+        "zh": ("注意力权重", "对每一行做 softmax：每行之和为 1"),
+    },
+    "output": {
+        "en": ("Output", "each row is a weighted average of the rows of V"),
+        "zh": ("输出", "每一行是 V 各行的加权平均"),
+    },
+    "concat": {
+        "en": ("Concatenated heads", "the heads' outputs side by side"),
+        "zh": ("拼接多头输出", "把各个头的输出按列拼接"),
+    },
+    "Wo": {
+        "en": ("Output weights Wo", "mixes the concatenated heads"),
+        "zh": ("输出权重 Wo", "融合拼接后的多头输出"),
+    },
+    "projected": {
+        "en": ("Projected output", "concat · Wo"),
+        "zh": ("投影后的输出", "拼接结果乘以 Wo"),
+    },
+}
+
+_LABELS = {
+    "en": {"step": "Step", "head": "head", "layer": "layer", "shape": "shape",
+           "row_sums": "row sums", "tokens": "Tokens", "trace": "Attention trace",
+           "formula": "formula"},
+    "zh": {"step": "第", "head": "头", "layer": "层", "shape": "形状",
+           "row_sums": "每行之和", "tokens": "词", "trace": "注意力计算过程",
+           "formula": "公式"},
+}
+
+#: Which axes of a step's matrix are indexed by tokens: (rows, columns).
+_TOKEN_AXES = {
+    "X": ("q", None), "Q": ("q", None), "K": ("k", None), "V": ("k", None),
+    "scores": ("q", "k"), "scaled": ("q", "k"), "masked": ("q", "k"),
+    "weights": ("q", "k"), "output": ("q", None), "concat": ("q", None),
+    "projected": ("q", None),
+}
+
+
+@dataclass
+class Step:
+    """One named intermediate: ``values`` with its ``formula``; head/layer may be None."""
+
+    key: str
+    values: np.ndarray
+    formula: str
+    head: int | None = None
+    layer: int | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.values.shape)
+
+    def title(self, lang: Lang = "en") -> str:
+        return STEP_TEXT.get(self.key, {}).get(lang, (self.key, ""))[0]
+
+    def note(self, lang: Lang = "en") -> str:
+        return STEP_TEXT.get(self.key, {}).get(lang, ("", ""))[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "title": {"en": self.title("en"), "zh": self.title("zh")},
+            "formula": self.formula,
+            "head": self.head,
+            "layer": self.layer,
+            "shape": list(self.shape),
+            # -inf (masked) is not valid JSON: it is written as null.
+            "values": _jsonable(self.values),
+        }
+
+
+@dataclass
+class Trace:
+    """The steps of one attention computation, in order.
+
+    ``tokens`` label the query rows (and key columns, ``key_tokens`` if they differ).
+    ``meta`` holds the settings (d_k, scale, heads, causal, seed, ...).
+    """
+
+    steps: list[Step]
+    tokens: list[str]
+    key_tokens: list[str] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[Step]:
+        return iter(self.steps)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def get(self, key: str, head: int | None = None, layer: int | None = None) -> Step:
+        """The step named ``key`` (of ``head``/``layer`` if given)."""
+        for step in self.steps:
+            if step.key == key and (head is None or step.head == head) and (
+                layer is None or step.layer == layer
+            ):
+                return step
+        keys = sorted({s.key for s in self.steps})
+        raise AttnlabError(
+            f"key: expected one of {keys} (head={head}, layer={layer}), got {key!r}"
+        )
+
+    @property
+    def heads(self) -> list[int]:
+        return sorted({s.head for s in self.steps if s.head is not None})
+
+    def weights(self, layer: int | None = None) -> np.ndarray:
+        """Attention weights of every head: (H, T, S) (one head: (1, T, S))."""
+        found = [s.values for s in self.steps if s.key == "weights" and (
+            layer is None or s.layer == layer)]
+        if not found:
+            raise AttnlabError("trace: it holds no attention weights step")
+        return np.stack(found)  # (H, T, S)
+
+    @property
+    def output(self) -> np.ndarray:
+        """The final output of the computation (the last output-like step)."""
+        for step in reversed(self.steps):
+            if step.key in ("projected", "concat") or (step.key == "output" and step.head is None):
+                return step.values
+        return self.get("output").values
+
+    # ---- export -------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "key_tokens": self.key_tokens or self.tokens,
+            "meta": _jsonable(self.meta),
+            "steps": [s.to_dict() for s in self.steps],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, indent=indent)
+
+    def to_text(self, lang: Lang = "en", *, precision: int = 4) -> str:
+        """Every step with its title, formula, shape and values, as plain text."""
+        _check_lang(lang)
+        words = _LABELS[lang]
+        lines = [f"== {words['trace']} ==", f"{words['tokens']}: " + " | ".join(self.tokens)]
+        for number, step in enumerate(self.steps, 1):
+            lines.append("")
+            lines.append(_heading(step, number, lang) + f"    {words['shape']} {step.shape}")
+            lines.append(f"  {step.formula}    # {step.note(lang)}")
+            row_labels, col_labels = self._axis_labels(step)
+            sums = step.values.sum(axis=-1) if step.key == "weights" else None
+            lines.extend("  " + row for row in _format_matrix(
+                step.values, row_labels, col_labels, precision, sums, words["row_sums"]))
+        return "\n".join(lines)
+
+    def to_markdown(self, lang: Lang = "en", *, precision: int = 4) -> str:
+        """The trace as a Markdown document: one section and one table per step."""
+        _check_lang(lang)
+        words = _LABELS[lang]
+        out = [f"# {words['trace']}", "", f"**{words['tokens']}**: " + " · ".join(
+            _md_escape(t) for t in self.tokens)]
+        for number, step in enumerate(self.steps, 1):
+            out += ["", f"## {_heading(step, number, lang)}", "",
+                    f"`{step.formula}` — {step.note(lang)} ({words['shape']} {step.shape})", ""]
+            matrix = np.atleast_2d(step.values)
+            row_labels, col_labels = self._axis_labels(step)
+            cols = col_labels or [str(j) for j in range(matrix.shape[1])]
+            rows = row_labels or [str(i) for i in range(matrix.shape[0])]
+            header = ["", *cols] + ([words["row_sums"]] if step.key == "weights" else [])
+            out.append("| " + " | ".join(_md_escape(h) for h in header) + " |")
+            out.append("|" + "---|" * len(header))
+            for i, row in enumerate(matrix):
+                cells = [_md_escape(rows[i]), *(_fmt(x, precision) for x in row)]
+                if step.key == "weights":
+                    cells.append(_fmt(float(row.sum()), precision))
+                out.append("| " + " | ".join(cells) + " |")
+        return "\n".join(out) + "\n"
+
+    def plot(self, *, lang: Lang = "en", title: str | None = None) -> Any:
+        """Heatmap of the weights: one head -> a single heatmap, several -> a grid."""
+        from . import viz
+
+        weights = self.weights()  # (H, T, S)
+        keys = self.key_tokens or self.tokens
+        if len(weights) == 1:
+            return viz.plot_attention(weights[0], self.tokens, keys, title=title, lang=lang)
+        return viz.plot_head_grid(weights, self.tokens, keys, title=title, lang=lang)
+
+    def save(self, out_dir: str | Path, *, lang: Lang = "en") -> list[Path]:
+        """Write heatmap.png, heatmap.svg, trace.json and trace.md into ``out_dir``."""
+        from . import viz
+
+        folder = Path(out_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        written = [folder / "trace.json", folder / "trace.md"]
+        written[0].write_text(self.to_json() + "\n", encoding="utf-8")
+        written[1].write_text(self.to_markdown(lang), encoding="utf-8")
+        figure = self.plot(lang=lang)
+        for name in ("heatmap.png", "heatmap.svg"):
+            written.append(viz.save_figure(figure, folder / name))
+        return written
+
+    def _axis_labels(self, step: Step) -> tuple[list[str] | None, list[str] | None]:
+        axes = _TOKEN_AXES.get(step.key, (None, None))
+        by_axis = {"q": self.tokens, "k": self.key_tokens or self.tokens, None: None}
+        rows, cols = by_axis[axes[0]], by_axis[axes[1]]
+        values = np.atleast_2d(step.values)
+        if rows is not None and len(rows) != values.shape[0]:
+            rows = None
+        if cols is not None and len(cols) != values.shape[1]:
+            cols = None
+        return rows, cols
+
+
+def _check_lang(lang: str) -> None:
+    if lang not in _LABELS:
+        raise AttnlabError(f"lang: expected 'en' or 'zh', got {lang!r}")
+
+
+def _heading(step: Step, number: int, lang: Lang) -> str:
+    words = _LABELS[lang]
+    where = []
+    if step.layer is not None:
+        where.append(f"{words['layer']} {step.layer + 1}" if lang == "en"
+                     else f"第 {step.layer + 1} {words['layer']}")
+    if step.head is not None:
+        where.append(f"{words['head']} {step.head + 1}" if lang == "en"
+                     else f"第 {step.head + 1} 个{words['head']}")
+    suffix = f" [{', '.join(where)}]" if where else ""
+    prefix = f"{words['step']} {number}" if lang == "en" else f"第 {number} 步"
+    return f"{prefix} · {step.title(lang)}{suffix}"
+
+
+def _fmt(x: float, precision: int) -> str:
+    if np.isneginf(x):
+        return "-∞"
+    return f"{x:.{precision}f}"
+
+
+def _width(text: str) -> int:
+    """Display width in a terminal: CJK characters take two columns."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _pad(text: str, width: int) -> str:
+    return " " * (width - _width(text)) + text
+
+
+def _format_matrix(
+    values: np.ndarray,
+    row_labels: list[str] | None,
+    col_labels: list[str] | None,
+    precision: int,
+    row_sums: np.ndarray | None,
+    sums_label: str,
+) -> list[str]:
+    matrix = np.atleast_2d(values)
+    cells = [[_fmt(float(x), precision) for x in row] for row in matrix]
+    cols = col_labels or [""] * matrix.shape[1]
+    col_w = max([_width(c) for c in cols] + [_width(c) for row in cells for c in row] + [1])
+    rows = row_labels or [""] * matrix.shape[0]
+    row_w = max(_width(r) for r in rows)
+    lines = []
+    if col_labels:
+        header = " " * row_w + "  " + " ".join(_pad(c, col_w) for c in cols)
+        if row_sums is not None:
+            header += "   " + sums_label
+        lines.append(header)
+    for i, row in enumerate(cells):
+        line = _pad(rows[i], row_w) + " [" + " ".join(_pad(c, col_w) for c in row) + "]"
+        if row_sums is not None:
+            line += f"   {float(np.atleast_1d(row_sums)[i]):.{precision}f}"
+        lines.append(line)
+    return lines
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        if np.issubdtype(value.dtype, np.floating):
+            obj = value.astype(object)
+            obj[~np.isfinite(value)] = None
+            return [_jsonable(v) for v in obj] if value.ndim else obj.item()
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (np.floating, float)):
+        return float(value) if np.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value

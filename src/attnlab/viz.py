@@ -1,0 +1,672 @@
+"""Heatmaps of attention weights: one (T, S) matrix, or a grid of heads and layers.
+
+Rows are queries and columns are keys, as in seed 000's seaborn heatmap
+(``sns.heatmap(attention_weights, annot=True, cmap="YlGnBu")``), drawn here with
+matplotlib alone. Dimension legend: L layers, H heads, T query length, S key length.
+
+matplotlib is an optional dependency (``pip install 'attnlab[viz]'``); it is imported
+inside the functions, so ``import attnlab`` never needs it. Figures are built with the
+object-oriented API (:class:`matplotlib.figure.Figure` on an Agg canvas): nothing here
+imports ``matplotlib.pyplot``, opens a window or touches pyplot's list of figures.
+
+Chinese, Japanese and Korean text
+---------------------------------
+Every text attnlab draws uses the font fallback list ``["DejaVu Sans", <CJK font>]``,
+so mixed labels such as ``"Query 小明"`` take Latin glyphs from DejaVu Sans and CJK
+glyphs from the CJK font that :func:`find_cjk_font` located (Noto Sans CJK, Source Han
+Sans, WenQuanYi, SimHei, ... or the file named by ``$ATTNLAB_CJK_FONT``).
+
+If a title or label contains CJK characters and no CJK font exists, the plotting
+functions emit a :class:`MissingCJKFontWarning` that says how to install one, and still
+draw the figure (numbers, colours and the English part of the labels stay readable;
+the CJK characters become empty boxes). They warn rather than raise so that a missing
+font never stops a script or notebook; to make it fatal, use
+``warnings.simplefilter("error", MissingCJKFontWarning)``.
+
+Colour scale
+------------
+``vmin`` / ``vmax`` are the ends of the colour scale; ``None`` means "from the data"
+(its minimum / maximum). A number is a promise about the data: values outside it
+(beyond a 1e-6 tolerance for softmax rounding) raise an error instead of being clipped
+silently. The defaults ``vmin=0.0, vmax=1.0`` fit attention weights; pass
+``vmin=None, vmax=None`` to plot raw scores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import re
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import (
+    AttnlabError,
+    ShapeError,
+    as_float_array,
+    check_positive_int,
+    missing_extra,
+    shape_str,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.colors import Colormap
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "CJK_FONT_ENV",
+    "MissingCJKFontWarning",
+    "find_cjk_font",
+    "font_context",
+    "plot_attention",
+    "plot_head_grid",
+    "save_figure",
+]
+
+CJK_FONT_ENV = "ATTNLAB_CJK_FONT"
+"""Environment variable: path to a font file with CJK glyphs, used before any search."""
+
+_LATIN_FAMILY = "DejaVu Sans"  # ships with matplotlib, so it is always there
+_CJK_FAMILIES = (
+    "Noto Sans CJK SC",
+    "Noto Sans CJK JP",
+    "Noto Sans CJK TC",
+    "Noto Sans CJK KR",
+    "Noto Sans CJK HK",
+    "Noto Serif CJK SC",
+    "Noto Serif CJK JP",
+    "Noto Serif CJK TC",
+    "Source Han Sans SC",
+    "Source Han Sans CN",
+    "Source Han Sans",
+    "Source Han Serif SC",
+    "WenQuanYi Micro Hei",
+    "WenQuanYi Zen Hei",
+    "Droid Sans Fallback",
+    "SimHei",
+    "Microsoft YaHei",
+    "PingFang SC",
+    "Hiragino Sans GB",
+    "Heiti SC",
+    "STHeiti",
+    "Songti SC",
+    "SimSun",
+    "Arial Unicode MS",
+)
+_PROBE = "学小明"  # a font must cover these to count as CJK-capable
+_CJK_RE = re.compile(
+    "[\u2e80-\u2fff\u3000-\u30ff\u3100-\u31ff\u3200-\u9fff\uac00-\ud7af"
+    "\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef\U00020000-\U0003ffff]"
+)
+_INSTALL_HINT = (
+    "install one (Debian/Ubuntu: apt-get install fonts-noto-cjk) or set "
+    f"{CJK_FONT_ENV}=/path/to/a/cjk/font.ttf"
+)
+
+_WEIGHT_TOL = 1e-6  # softmax rows may overshoot 1.0 by a few ulps
+_MAX_TICK_LABELS = 40  # above this many positions, labels overlap: show indices instead
+_MAX_ANNOTATED_CELLS = 100
+_LANGS = ("en", "zh")
+_SUFFIXES = (".png", ".svg")
+
+
+class MissingCJKFontWarning(UserWarning):
+    """Text with CJK characters is drawn but no font with CJK glyphs was found."""
+
+
+# --------------------------------------------------------------------------- fonts
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise missing_extra("matplotlib", "viz", "Plotting") from None
+
+
+def _font_covers(fname: str, index: int, text: str) -> bool:
+    """True if face ``index`` of the font file ``fname`` maps every char of ``text``."""
+    from matplotlib import ft2font
+
+    try:
+        try:
+            font = ft2font.FT2Font(fname, face_index=index)
+        except TypeError:  # matplotlib < 3.10 has no face_index and opens face 0
+            font = ft2font.FT2Font(fname)
+    except (OSError, RuntimeError, ValueError):
+        return False
+    return all(font.get_char_index(ord(char)) != 0 for char in text)
+
+
+def _family_from_env(path_text: str) -> str:
+    from matplotlib import font_manager
+
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise AttnlabError(
+            f"{CJK_FONT_ENV}: expected the path of a font file (.ttf, .otf, .ttc), "
+            f"got {path_text!r}, which is not a file"
+        )
+    fname = os.fsdecode(path.resolve())
+    if not _font_covers(fname, 0, _PROBE):
+        raise AttnlabError(
+            f"{CJK_FONT_ENV}: expected a font with CJK glyphs (for {', '.join(_PROBE)}), "
+            f"got {path_text!r}, which lacks them or cannot be read"
+        )
+    entries = [e for e in font_manager.fontManager.ttflist if e.fname == fname]
+    if not entries:
+        # Registering is idempotent in effect: the font becomes findable by name.
+        font_manager.fontManager.addfont(fname)
+        entries = [e for e in font_manager.fontManager.ttflist if e.fname == fname]
+    first = min(entries, key=lambda e: getattr(e, "index", 0))
+    return str(first.name)
+
+
+@functools.cache
+def _find_cjk_font_cached(env_value: str | None) -> str | None:
+    from matplotlib import font_manager
+
+    if env_value:
+        return _family_from_env(env_value)
+
+    manager = font_manager.fontManager
+    by_name: dict[str, list[Any]] = {}
+    for entry in manager.ttflist:
+        by_name.setdefault(entry.name, []).append(entry)
+    for family in _CJK_FAMILIES:
+        for entry in by_name.get(family, []):
+            if _font_covers(entry.fname, getattr(entry, "index", 0), _PROBE):
+                return family
+    # Any other registered font that covers the probe (an unlisted CJK family).
+    for entry in manager.ttflist:
+        if _font_covers(entry.fname, getattr(entry, "index", 0), _PROBE):
+            return str(entry.name)
+    # matplotlib's font cache is built once; fonts installed after that (for example
+    # by `apt-get install fonts-noto-cjk` on a machine that already ran matplotlib)
+    # are missing from it, so look at the files on disk too.
+    known = {entry.fname for entry in manager.ttflist}
+    for fname in sorted(font_manager.findSystemFonts()):
+        if fname in known or not _font_covers(fname, 0, _PROBE):
+            continue
+        manager.addfont(fname)
+        return str(next(e.name for e in manager.ttflist if e.fname == fname))
+    return None
+
+
+def find_cjk_font() -> str | None:
+    """Return the family name of a font with CJK glyphs, or None if there is none.
+
+    Looks, in this order, at the font file named by ``$ATTNLAB_CJK_FONT`` (an error if
+    that is set but not a readable CJK font), at well-known families (Noto Sans CJK
+    SC/JP/TC/KR, Noto Serif CJK, Source Han Sans, WenQuanYi Micro/Zen Hei, SimHei,
+    Microsoft YaHei, PingFang SC, ...), at every other font matplotlib knows, and at
+    font files on disk that matplotlib's cache has not seen yet. A font counts only if
+    its character map really covers 学, 小 and 明. Fonts found outside matplotlib's
+    registry are added to it (``font_manager.fontManager.addfont``) so that the name
+    can be used as a ``font.family``. The result is cached per value of the variable.
+
+    >>> find_cjk_font()  # doctest: +SKIP
+    'Noto Sans CJK SC'
+    """
+    _require_matplotlib()
+    return _find_cjk_font_cached(os.environ.get(CJK_FONT_ENV) or None)
+
+
+def _font_families() -> list[str]:
+    """The fallback list every attnlab text uses: Latin first, then CJK if available."""
+    cjk = find_cjk_font()
+    return [_LATIN_FAMILY] if cjk is None else [_LATIN_FAMILY, cjk]
+
+
+@contextlib.contextmanager
+def font_context() -> Iterator[list[str]]:
+    """Within the block, new matplotlib text uses attnlab's font fallback list.
+
+    Yields the list, ``["DejaVu Sans", <CJK family>]`` (just ``["DejaVu Sans"]`` when
+    no CJK font exists). Only ``rcParams["font.family"]`` changes, and it is restored
+    on exit (``matplotlib.rc_context``); text objects keep the families they were
+    created with, so figures built inside the block render correctly outside it.
+    rcParams are process-wide: do not draw from other threads meanwhile.
+
+    >>> from matplotlib.figure import Figure
+    >>> with font_context():  # doctest: +SKIP
+    ...     fig = Figure()
+    ...     fig.suptitle("Query 小明")
+    """
+    _require_matplotlib()
+    import matplotlib
+
+    families = _font_families()
+    with matplotlib.rc_context({"font.family": families}):
+        yield families
+
+
+def _warn_if_cjk_unrenderable(texts: Sequence[str], families: list[str], caller: str) -> None:
+    if len(families) > 1:
+        return
+    cjk_texts = [text for text in texts if _CJK_RE.search(text)]
+    if cjk_texts:
+        warnings.warn(
+            MissingCJKFontWarning(
+                f"{caller}: the labels or titles contain CJK characters (e.g. "
+                f"{cjk_texts[0]!r}) but no font with CJK glyphs was found, so they will be "
+                f"drawn as empty boxes; {_INSTALL_HINT}"
+            ),
+            stacklevel=3,
+        )
+
+
+# --------------------------------------------------------------------- validation
+
+
+def _check_labels(labels: Any, name: str, size: int, dim: str, default: list[str]) -> list[str]:
+    if labels is None:
+        return default
+    if isinstance(labels, (str, bytes)):
+        raise AttnlabError(
+            f"{name}: expected a sequence of {size} labels ({dim}), got a single string "
+            f"{labels!r}; wrap words in a list, e.g. [{labels!r}]"
+        )
+    try:
+        items = [str(label) for label in labels]
+    except TypeError:
+        raise AttnlabError(
+            f"{name}: expected a sequence of {size} labels ({dim}), got {type(labels).__name__}"
+        ) from None
+    if len(items) != size:
+        raise AttnlabError(f"{name}: expected {size} labels ({dim} = {size}), got {len(items)}")
+    return items
+
+
+def _default_labels(size: int, lang: str) -> list[str]:
+    if lang == "zh":
+        return [f"单词{i}" for i in range(1, size + 1)]
+    return [f"word {i}" for i in range(1, size + 1)]
+
+
+def _check_lang(lang: Any) -> str:
+    if lang not in _LANGS:
+        raise AttnlabError(f"lang: expected one of {', '.join(map(repr, _LANGS))}, got {lang!r}")
+    return str(lang)
+
+
+def _check_title(title: Any, name: str = "title") -> str | None:
+    if title is not None and not isinstance(title, str):
+        raise AttnlabError(f"{name}: expected a str or None, got {type(title).__name__}")
+    return title
+
+
+def _check_limit(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise AttnlabError(f"{name}: expected a number or None (auto), got {value!r}")
+    if not math.isfinite(float(value)):
+        raise AttnlabError(f"{name}: expected a finite number or None (auto), got {value!r}")
+    return float(value)
+
+
+def _resolve_limits(values: np.ndarray, vmin: Any, vmax: Any) -> tuple[float, float]:
+    """The colour scale [low, high]; explicit limits must contain the data."""
+    low_given, high_given = _check_limit(vmin, "vmin"), _check_limit(vmax, "vmax")
+    if low_given is not None and high_given is not None and low_given >= high_given:
+        raise AttnlabError(
+            f"vmin, vmax: expected vmin < vmax, got vmin = {low_given:g}, vmax = {high_given:g}"
+        )
+    data_min, data_max = float(values.min()), float(values.max())
+    below = low_given is not None and data_min < low_given - _WEIGHT_TOL
+    above = high_given is not None and data_max > high_given + _WEIGHT_TOL
+    if below or above:
+        low_text = "-inf" if low_given is None else f"{low_given:g}"
+        high_text = "inf" if high_given is None else f"{high_given:g}"
+        raise AttnlabError(
+            f"weights: expected values in [vmin, vmax] = [{low_text}, {high_text}], "
+            f"got min {data_min:.4g} and max {data_max:.4g}. Attention weights lie in "
+            "[0, 1]; to plot raw scores pass vmin=None, vmax=None (auto) or wider limits"
+        )
+    low = data_min if low_given is None else low_given
+    high = data_max if high_given is None else high_given
+    if low >= high:  # constant data on an automatic scale: centre it
+        low, high = (low - 0.5, high + 0.5) if low_given is None else (low, low + 1.0)
+    return low, high
+
+
+def _check_cmap(cmap: Any) -> Colormap:
+    import matplotlib
+    from matplotlib.colors import Colormap
+
+    if isinstance(cmap, Colormap):
+        return cmap
+    if isinstance(cmap, str):
+        try:
+            return matplotlib.colormaps[cmap]
+        except KeyError:
+            pass
+    raise AttnlabError(
+        f"cmap: expected a matplotlib colormap name (e.g. 'YlGnBu', 'viridis') or "
+        f"Colormap, got {cmap!r}"
+    )
+
+
+def _axis_words(lang: str) -> tuple[str, str]:
+    """(x label, y label): columns are keys, rows are queries."""
+    return ("键 (Key)", "查询 (Query)") if lang == "zh" else ("Key", "Query")
+
+
+def _root_figure(ax: Axes) -> Figure:
+    figure: Any = ax.figure  # a SubFigure's .figure is its root Figure; a Figure's is itself
+    root: Figure = figure.figure
+    return root
+
+
+# ------------------------------------------------------------------------ drawing
+
+
+def _set_ticks(
+    ax: Axes, labels: list[str], axis: str, families: list[str], fontsize: float
+) -> None:
+    """Label every position if it fits; otherwise leave matplotlib's integer ticks."""
+    if len(labels) > _MAX_TICK_LABELS:
+        return
+    positions = list(range(len(labels)))
+    if axis == "x":
+        rotate = len(labels) > 6 or max(len(label) for label in labels) > 4
+        ax.set_xticks(
+            positions,
+            labels,
+            fontfamily=families,
+            fontsize=fontsize,
+            rotation=45 if rotate else 0,
+            ha="right" if rotate else "center",
+            rotation_mode="anchor",
+        )
+    else:
+        ax.set_yticks(positions, labels, fontfamily=families, fontsize=fontsize)
+
+
+def _annotate_cells(
+    ax: Axes, values: np.ndarray, cmap: Colormap, low: float, high: float, families: list[str]
+) -> None:
+    rgba = cmap((values - low) / (high - low))  # (T, S, 4)
+    luminance = rgba[..., :3] @ np.array([0.299, 0.587, 0.114])  # (T, S)
+    T, S = values.shape
+    fontsize = 10 if max(T, S) <= 6 else 8
+    for row in range(T):
+        for col in range(S):
+            ax.text(
+                col,
+                row,
+                f"{values[row, col]:.2f}",
+                ha="center",
+                va="center",
+                fontsize=fontsize,
+                fontfamily=families,
+                color="black" if luminance[row, col] > 0.5 else "white",
+            )
+
+
+def plot_attention(
+    weights: npt.ArrayLike,
+    query_labels: Sequence[Any] | None = None,
+    key_labels: Sequence[Any] | None = None,
+    *,
+    title: str | None = None,
+    annotate: bool | None = None,
+    cmap: str | Colormap = "YlGnBu",
+    ax: Axes | None = None,
+    vmin: float | None = 0.0,
+    vmax: float | None = 1.0,
+    lang: str = "en",
+) -> Figure:
+    """Heatmap of one attention matrix: (T, S) -> Figure. Rows = queries, columns = keys.
+
+    Args:
+        weights: (T, S) finite values; row t is how query t spreads over the S keys.
+        query_labels: T row labels; default ``word 1..T`` (``单词1..T`` when lang="zh").
+        key_labels: S column labels; same default with S.
+        title: figure title (Chinese is fine, see the module notes on fonts).
+        annotate: write each value (2 decimals, black or white to read on its cell).
+            None: only when T * S <= 100.
+        cmap: colormap name or Colormap; seed 000 uses "YlGnBu".
+        ax: draw into this Axes (a colour bar is added next to it) instead of a new figure.
+        vmin, vmax: colour-scale ends; None = from the data. The defaults 0 and 1 suit
+            attention weights, and values outside explicit limits raise (no silent
+            clipping); use ``vmin=None, vmax=None`` for raw scores.
+        lang: "en" (axis labels Key / Query) or "zh" (键 (Key) / 查询 (Query)).
+
+    Returns:
+        The Figure (``ax``'s figure when ``ax`` is given). Save it with :func:`save_figure`.
+        Sequences longer than 40 get integer position ticks instead of labels.
+
+    Raises:
+        ShapeError: ``weights`` is not (T, S) with T, S >= 1.
+        AttnlabError: non-finite or out-of-range values, label count != T or S, bad options.
+
+    >>> w = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
+    >>> fig = plot_attention(w, ["小明", "去了", "学校"], lang="zh", title="注意力权重热图")
+    >>> len(fig.axes)  # the heatmap and its colour bar
+    2
+    """
+    _require_matplotlib()
+    from matplotlib.axes import Axes as AxesClass
+
+    values = as_float_array(weights, "weights")
+    if values.ndim != 2 or 0 in values.shape:
+        raise ShapeError(f"weights: expected (T, S) with T, S >= 1, got {shape_str(values.shape)}")
+    T, S = values.shape
+    lang = _check_lang(lang)
+    title = _check_title(title)
+    rows = _check_labels(query_labels, "query_labels", T, "T", _default_labels(T, lang))
+    cols = _check_labels(key_labels, "key_labels", S, "S", _default_labels(S, lang))
+    if annotate is not None and not isinstance(annotate, (bool, np.bool_)):
+        raise AttnlabError(f"annotate: expected True, False or None (auto), got {annotate!r}")
+    if ax is not None and not isinstance(ax, AxesClass):
+        raise AttnlabError(f"ax: expected a matplotlib Axes or None, got {type(ax).__name__}")
+    colormap = _check_cmap(cmap)
+    low, high = _resolve_limits(values, vmin, vmax)
+    show_values = T * S <= _MAX_ANNOTATED_CELLS if annotate is None else bool(annotate)
+    x_word, y_word = _axis_words(lang)
+
+    with font_context() as families:
+        _warn_if_cjk_unrenderable(
+            [*rows, *cols, x_word, y_word, title or ""], families, "plot_attention"
+        )
+        if ax is None:
+            fig = _new_figure(
+                (min(14.0, max(5.5, 0.55 * S + 3.0)), min(12.0, max(4.5, 0.5 * T + 2.0)))
+            )
+            ax = fig.add_subplot()
+        else:
+            fig = _root_figure(ax)
+        image = ax.imshow(
+            values, cmap=colormap, vmin=low, vmax=high, aspect="auto", interpolation="nearest"
+        )
+        _set_ticks(ax, cols, "x", families, 10)
+        _set_ticks(ax, rows, "y", families, 10)
+        ax.set_xlabel(x_word, fontfamily=families)
+        ax.set_ylabel(y_word, fontfamily=families)
+        if title is not None:
+            ax.set_title(title, fontfamily=families)
+        if show_values:
+            _annotate_cells(ax, values, colormap, low, high, families)
+        fig.colorbar(image, ax=ax)
+    return fig
+
+
+def _new_figure(figsize: tuple[float, float]) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)  # Agg canvas without pyplot: no global figure manager
+    return fig
+
+
+def plot_head_grid(
+    weights: npt.ArrayLike,
+    query_labels: Sequence[Any] | None = None,
+    key_labels: Sequence[Any] | None = None,
+    *,
+    titles: Sequence[str] | None = None,
+    ncols: int | None = None,
+    title: str | None = None,
+    lang: str = "en",
+) -> Figure:
+    """One heatmap per head: (H, T, S) or (L, H, T, S) -> Figure with one shared colour bar.
+
+    Args:
+        weights: attention weights in [0, 1]. (H, T, S): heads in a grid of ``ncols``
+            columns (default: about 4 per row, balanced). (L, H, T, S): one row per
+            layer, one column per head.
+        query_labels, key_labels: T and S labels shared by every panel (defaults as in
+            :func:`plot_attention`); shown on the outer panels, and only when the
+            sequence has at most 40 positions (integer ticks otherwise).
+        titles: one per panel, row-major (H titles, or L * H for 4-D weights);
+            default "Head h" / "头 h", or "Layer l · Head h" / "层 l · 头 h".
+        ncols: panels per row, only for (H, T, S).
+        title: figure title above all panels.
+        lang: "en" or "zh".
+
+    All panels share the colour scale 0..1, so colours compare across heads.
+
+    >>> fig = plot_head_grid(np.full((2, 4, 5, 5), 0.2))
+    >>> len([a for a in fig.axes if a.get_label() != "<colorbar>"])
+    8
+    """
+    _require_matplotlib()
+    values = as_float_array(weights, "weights")
+    if values.ndim not in (3, 4) or 0 in values.shape:
+        raise ShapeError(
+            "weights: expected (H, T, S) or (L, H, T, S) with every size >= 1, "
+            f"got {shape_str(values.shape)}"
+        )
+    lang = _check_lang(lang)
+    title = _check_title(title)
+    T, S = values.shape[-2:]
+    panels = values.reshape(-1, T, S)  # (L * H, T, S), row-major: layer, then head
+    count = panels.shape[0]
+    if values.ndim == 4:
+        L, H = values.shape[:2]
+        if ncols is not None:
+            raise AttnlabError(
+                "ncols: only for (H, T, S) weights; (L, H, T, S) is laid out as L rows by "
+                f"H columns, got ncols={ncols!r} with weights {shape_str(values.shape)}"
+            )
+        nrows, ncols = L, H
+        default_titles = [
+            f"层 {layer} · 头 {head}" if lang == "zh" else f"Layer {layer} · Head {head}"
+            for layer in range(1, L + 1)
+            for head in range(1, H + 1)
+        ]
+    else:
+        if ncols is None:
+            nrows = math.ceil(count / 4)
+            ncols = math.ceil(count / nrows)
+        else:
+            ncols = min(check_positive_int(ncols, "ncols"), count)
+            nrows = math.ceil(count / ncols)
+        default_titles = [
+            f"头 {head}" if lang == "zh" else f"Head {head}" for head in range(1, count + 1)
+        ]
+    if titles is None:
+        panel_titles = default_titles
+    else:
+        expected = "H" if values.ndim == 3 else "L * H"
+        panel_titles = _check_labels(titles, "titles", count, expected, default_titles)
+    rows = _check_labels(query_labels, "query_labels", T, "T", _default_labels(T, lang))
+    cols = _check_labels(key_labels, "key_labels", S, "S", _default_labels(S, lang))
+    low, high = _resolve_limits(values, 0.0, 1.0)
+    colormap = _check_cmap("YlGnBu")
+    x_word, y_word = _axis_words(lang)
+
+    panel_size = max(1.4, min(3.0, 16.0 / ncols))
+    figsize = (ncols * panel_size + 1.2, nrows * panel_size + (0.9 if title else 0.4))
+    with font_context() as families:
+        _warn_if_cjk_unrenderable(
+            [*rows, *cols, *panel_titles, x_word, y_word, title or ""],
+            families,
+            "plot_head_grid",
+        )
+        fig = _new_figure(figsize)
+        grid = fig.add_gridspec(nrows, ncols)
+        axes, images = [], []
+        for index in range(count):
+            row, col = divmod(index, ncols)
+            ax = fig.add_subplot(grid[row, col])
+            image = ax.imshow(
+                panels[index],
+                cmap=colormap,
+                vmin=low,
+                vmax=high,
+                aspect="auto",
+                interpolation="nearest",
+            )
+            ax.set_title(panel_titles[index], fontfamily=families, fontsize=9)
+            _set_ticks(ax, cols, "x", families, 7)
+            _set_ticks(ax, rows, "y", families, 7)
+            # Tick labels and axis names only on the outer panels: the bottom panel of
+            # each column (even when the last row is short) and the first column.
+            bottom = index + ncols >= count
+            left = col == 0
+            ax.tick_params(labelbottom=bottom, labelleft=left)
+            if bottom:
+                ax.set_xlabel(x_word, fontfamily=families, fontsize=8)
+            if left:
+                ax.set_ylabel(y_word, fontfamily=families, fontsize=8)
+            axes.append(ax)
+            images.append(image)
+        if title is not None:
+            fig.suptitle(title, fontfamily=families)
+        fig.colorbar(images[0], ax=axes, shrink=0.9)  # one norm: any image will do
+    return fig
+
+
+# ------------------------------------------------------------------------- saving
+
+
+def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: float = 150) -> Path:
+    """Write ``fig`` to ``path`` (.png or .svg, chosen by suffix) and return the Path.
+
+    Parent folders are created. SVG text is written as outlines
+    (``svg.fonttype = "path"``), so CJK glyphs show on machines without the font.
+    SVG output carries no date, so the same figure gives the same file.
+
+    >>> path = save_figure(plot_attention(np.eye(3)), "out/attention.png")  # doctest: +SKIP
+    """
+    _require_matplotlib()
+    from matplotlib.figure import Figure as FigureClass
+
+    if not isinstance(fig, FigureClass):
+        raise AttnlabError(f"fig: expected a matplotlib Figure, got {type(fig).__name__}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise AttnlabError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
+    target = Path(path)
+    suffix = target.suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise AttnlabError(
+            f"path: expected a file name ending in {' or '.join(_SUFFIXES)}, "
+            f"got {os.fspath(path)!r}"
+        )
+    if (
+        isinstance(dpi, (bool, np.bool_))
+        or not isinstance(dpi, (int, float, np.integer, np.floating))
+        or not 0 < float(dpi) < math.inf
+    ):
+        raise AttnlabError(f"dpi: expected a positive number, got {dpi!r}")
+    import matplotlib
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {"Date": None} if suffix == ".svg" else None
+    with font_context(), matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "attnlab"}):
+        fig.savefig(target, format=suffix[1:], dpi=float(dpi), metadata=metadata)
+    return target

@@ -1,0 +1,98 @@
+"""The attnlab command line: default run, options, outputs, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab.cli import main
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_default_prints_seed000_example(capsys):
+    code, out, err = run(capsys, "explain")
+    assert code == 0 and err == ""
+    assert "Step 1 · Input X" in out and "Step 11 · Output" in out
+    # The printed weights are the library's numbers for seed 0 (4 decimals).
+    weights = attnlab.explain(seed=0).get("weights").values
+    assert f"{weights[0, 0]:.4f}" in out
+
+
+def test_chinese_tokens_heads_causal(capsys, tmp_path):
+    code, out, err = run(capsys, "explain", "--tokens", "小明 去了 学校", "--heads", "2",
+                         "--causal", "--lang", "zh", "--out", str(tmp_path))
+    assert code == 0
+    assert "第 1 个头" in out and "掩码后的分数" in out and "小明" in out
+    for name in ("heatmap.png", "heatmap.svg", "trace.json", "trace.md"):
+        assert (tmp_path / name).stat().st_size > 0
+        assert name in err  # what was written is reported
+    data = json.loads((tmp_path / "trace.json").read_text(encoding="utf-8"))
+    assert data["tokens"] == ["小明", "去了", "学校"] and data["meta"]["num_heads"] == 2
+
+
+def test_formats(capsys):
+    code, out, _ = run(capsys, "explain", "--format", "json")
+    assert code == 0 and json.loads(out)["meta"]["d_k"] == 3
+    code, out, _ = run(capsys, "explain", "--format", "markdown", "--lang", "zh")
+    assert code == 0 and out.startswith("# 注意力计算过程")
+
+
+def test_x_inline_json_npy_csv(capsys, tmp_path):
+    X = np.array([[1.0, 2.0], [3.0, 4.0], [0.5, -1.0]])
+    np.save(tmp_path / "x.npy", X)
+    np.savetxt(tmp_path / "x.csv", X, delimiter=",")
+    outputs = []
+    for spec in ("1,2; 3,4; 0.5,-1", "[[1,2],[3,4],[0.5,-1]]", str(tmp_path / "x.npy"),
+                 str(tmp_path / "x.csv")):
+        code, out, err = run(capsys, "explain", "--x", spec, "--d-k", "2", "--format", "json")
+        assert code == 0, err
+        outputs.append(json.loads(out)["steps"][-1]["values"])
+    assert all(o == outputs[0] for o in outputs)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["explain", "--x", "1,2; 3"], "--x: expected a matrix like"),
+        (["explain", "--x", "missing.npy"], "--x: file not found: missing.npy"),
+        (["explain", "--tokens", "a b", "--x", "1,2; 3,4; 5,6"],
+         "tokens: expected 3 labels to match X's rows, got 2"),
+        (["explain", "--d-k", "0"], "d_k: expected an integer >= 1, got 0"),
+        (["explain", "--heads", "x"], "argument --heads: invalid int value: 'x'"),
+        (["explain", "--lang", "fr"], "argument --lang: invalid choice: 'fr'"),
+        (["explain", "--x", "1,nan; 2,3"], "X: expected finite values"),
+        (["explain", "--tokens", "   "], "--tokens: expected at least one token"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
+    code, out, err = run(capsys, *args)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_installed_entry_point_runs_without_traceback(tmp_path):
+    exe = shutil.which("attnlab", path=os.path.dirname(sys.executable))
+    if exe is None:  # not installed as a script (e.g. run from a source tree)
+        cmd = [sys.executable, "-m", "attnlab.cli"]
+    else:
+        cmd = [exe]
+    ok = subprocess.run([*cmd, "explain", "--lang", "zh"], capture_output=True, text=True,
+                        timeout=120, env={**os.environ, "PYTHONPATH": "src"})
+    assert ok.returncode == 0 and "第 1 步" in ok.stdout
+    bad = subprocess.run([*cmd, "explain", "--x", "oops"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": "src"})
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--x:" in bad.stderr

@@ -1,0 +1,124 @@
+"""The explainer: every step present, numbers equal the library's attention, exports."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab import AttnlabError, ShapeError, explain
+
+
+def test_default_is_seed000_example_with_all_steps():
+    trace = explain()
+    keys = [s.key for s in trace]
+    assert keys == ["X", "Wq", "Wk", "Wv", "Q", "K", "V", "scores", "scaled", "weights", "output"]
+    np.testing.assert_array_equal(trace.get("X").values,
+                                  [[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]])
+    assert trace.get("Wq").shape == (4, 3) and trace.get("weights").shape == (3, 3)
+    assert trace.tokens == ["word1", "word2", "word3"]
+
+
+def test_steps_are_consistent_with_each_other_and_with_the_library():
+    trace = explain(seed=3)
+    X, Wq, Wk, Wv = (trace.get(k).values for k in ("X", "Wq", "Wk", "Wv"))
+    Q, K = X @ Wq, X @ Wk
+    np.testing.assert_allclose(trace.get("Q").values, Q, atol=1e-14)
+    np.testing.assert_allclose(trace.get("scores").values, Q @ K.T, atol=1e-13)
+    np.testing.assert_allclose(trace.get("scaled").values, Q @ K.T / np.sqrt(3), atol=1e-13)
+    np.testing.assert_allclose(trace.output, attnlab.self_attention(X, Wq, Wk, Wv), atol=1e-12)
+    assert trace.meta["scale"] == pytest.approx(1 / np.sqrt(3))
+
+
+def test_same_seed_same_numbers_other_seed_other_numbers():
+    a, b, c = explain(seed=5), explain(seed=5), explain(seed=6)
+    np.testing.assert_array_equal(a.output, b.output)
+    assert not np.allclose(a.output, c.output)
+
+
+def test_multi_head_causal_trace_matches_multihead_attention():
+    trace = explain(tokens=["小明", "去了", "学校"], num_heads=2, causal=True, d_k=3, seed=1)
+    assert trace.heads == [0, 1]
+    masked = trace.get("masked", head=0).values
+    assert np.isneginf(masked[0, 1]) and np.isneginf(masked[0, 2])
+    weights = trace.weights()
+    assert weights.shape == (2, 3, 3)
+    np.testing.assert_array_equal(np.triu(weights, 1), 0.0)
+    X, Wq, Wk, Wv = (trace.get(k).values for k in ("X", "Wq", "Wk", "Wv"))
+    mha = attnlab.MultiHeadAttention(Wq, Wk, Wv, np.eye(6), num_heads=2)
+    np.testing.assert_allclose(trace.get("concat").values, mha(X, is_causal=True), atol=1e-12)
+
+
+def test_output_projection_with_wo():
+    rng = np.random.default_rng(0)
+    Wo = rng.standard_normal((6, 4))
+    trace = explain(num_heads=2, Wo=Wo)
+    np.testing.assert_allclose(trace.output, trace.get("concat").values @ Wo, atol=1e-13)
+
+
+def test_token_embeddings_are_deterministic_per_token():
+    a = attnlab.token_embeddings(["小明", "去了", "小明"])
+    np.testing.assert_array_equal(a[0], a[2])
+    assert not np.allclose(a[0], a[1])
+    np.testing.assert_array_equal(attnlab.token_embeddings(["学校"]), attnlab.token_embeddings(
+        ["学校"]))
+
+
+def test_text_in_english_and_chinese():
+    trace = explain(tokens=["小明", "去了", "学校"], causal=True)
+    en = trace.to_text("en")
+    zh = trace.to_text("zh")
+    for needle in ("Step 1 · Input X", "Scores Q·Kᵀ", "row sums", "-∞", "shape (3, 3)", "小明"):
+        assert needle in en
+    for needle in ("第 1 步 · 输入 X", "注意力权重", "每行之和", "形状 (3, 3)", "去了"):
+        assert needle in zh
+    # Each weights row is printed with its sum, 1.0000.
+    weights_block = en.split("Attention weights")[1].split("Step")[0]
+    assert weights_block.count("1.0000") >= 3
+
+
+def test_json_roundtrip_and_minus_inf_as_null():
+    trace = explain(causal=True)
+    data = json.loads(trace.to_json())
+    assert [s["key"] for s in data["steps"]] == [s.key for s in trace]
+    masked = next(s for s in data["steps"] if s["key"] == "masked")
+    assert masked["values"][0][1] is None  # -inf is not JSON: written as null
+    weights = next(s for s in data["steps"] if s["key"] == "weights")
+    np.testing.assert_allclose(weights["values"], trace.get("weights").values, atol=0)
+    assert weights["title"]["zh"] == "注意力权重"
+    assert data["meta"]["causal"] is True
+
+
+def test_markdown_has_one_table_per_step_and_escapes_tokens():
+    trace = explain(tokens=["a|b", "<i>", "c"])
+    md = trace.to_markdown("en")
+    assert md.count("\n## ") == len(trace)
+    assert "a\\|b" in md and "&lt;i&gt;" in md and "<i>" not in md
+    assert "| row sums |" in md
+
+
+def test_save_writes_all_outputs(tmp_path):
+    written = explain(tokens=["小明", "去了", "学校"]).save(tmp_path / "out", lang="zh")
+    names = sorted(p.name for p in written)
+    assert names == ["heatmap.png", "heatmap.svg", "trace.json", "trace.md"]
+    assert (tmp_path / "out" / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "注意力计算过程" in (tmp_path / "out" / "trace.md").read_text(encoding="utf-8")
+
+
+def test_explain_validation():
+    with pytest.raises(AttnlabError, match="tokens: expected 3 labels to match X's rows, got 2"):
+        explain(tokens=["a", "b"], X=np.ones((3, 4)))
+    with pytest.raises(ShapeError, match=r"Wq: expected \(E, H\*d_k\) = \(4, 3\)"):
+        explain(Wq=np.ones((4, 2)))
+    with pytest.raises(ShapeError, match=r"X: expected \(T, E\), got \(4\)"):
+        explain(X=np.ones(4))
+    with pytest.raises(AttnlabError, match="num_heads: expected an integer >= 1, got 0"):
+        explain(num_heads=0)
+    with pytest.raises(AttnlabError, match="Wo: only used with num_heads > 1"):
+        explain(Wo=np.eye(3))
+    with pytest.raises(AttnlabError, match="lang: expected 'en' or 'zh', got 'fr'"):
+        explain().to_text("fr")  # type: ignore[arg-type]
+    with pytest.raises(AttnlabError, match="key: expected one of"):
+        explain().get("nope")
