@@ -30,6 +30,7 @@ from .errors import AttnlabError, ShapeError, as_float_array, check_positive_int
 from .init import as_rng, init_weight
 from .multihead import MultiHeadAttention
 from .special import erf
+from .trace import Recorder
 
 __all__ = ["LayerNorm", "Dropout", "FeedForward", "SelfAttentionLayer", "EncoderBlock", "gelu"]
 
@@ -47,7 +48,7 @@ class LayerNorm:
 
     def __init__(self, d_model: int, eps: float = 1e-5, *, gamma: Any = None, beta: Any = None):
         self.d_model = check_positive_int(d_model, "d_model")
-        if not (isinstance(eps, (int, float)) and eps > 0):
+        if isinstance(eps, bool) or not (isinstance(eps, (int, float, np.floating)) and eps > 0):
             raise AttnlabError(f"eps: expected a positive number, got {eps!r}")
         self.eps = float(eps)
         self.gamma = np.ones(d_model) if gamma is None else _vec(gamma, "gamma", d_model)
@@ -87,6 +88,8 @@ class Dropout:
 def gelu(x: np.ndarray, approximate: Literal["none", "tanh"] = "none") -> np.ndarray:
     """GELU(x) = x · Φ(x). ``approximate="none"`` uses the exact erf (BERT), "tanh" GPT-2's."""
     x = as_float_array(x, "x", allow_nonfinite=True)  # integers -> float64, never truncated
+    if approximate not in ("none", "tanh"):
+        raise AttnlabError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
     if approximate == "tanh":
         return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
     half = np.asarray(0.5, dtype=x.dtype)
@@ -126,7 +129,26 @@ class FeedForward:
         self.W1, self.b1 = init_weight(E, F, scheme, rng=rng), np.zeros(F)
         self.W2, self.b2 = init_weight(F, E, scheme, rng=rng), np.zeros(E)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    @classmethod
+    def from_weights(
+        cls, W1: Any, b1: Any, W2: Any, b2: Any, *, activation: str = "relu"
+    ) -> FeedForward:
+        """Wrap given weights: W1 (E, F), b1 (F,), W2 (F, E), b2 (E,)."""
+        w1, w2 = as_float_array(W1, "W1"), as_float_array(W2, "W2")
+        if w1.ndim != 2:
+            raise ShapeError(f"W1: expected (E, F), got {shape_str(w1.shape)}")
+        E, F = w1.shape
+        if w2.shape != (F, E):
+            raise ShapeError(f"W2: expected (F, E) = ({F}, {E}), got {shape_str(w2.shape)}")
+        ffn = cls(E, F, activation=activation)
+        ffn.W1, ffn.b1 = w1, _vec(b1, "b1", F)
+        ffn.W2, ffn.b2 = w2, _vec(b2, "b2", E)
+        return ffn
+
+    def __call__(self, x: Any) -> np.ndarray:
+        x = as_float_array(x, "x")
+        if x.ndim < 1 or x.shape[-1] != self.W1.shape[0]:
+            raise ShapeError(f"x: expected (..., {self.W1.shape[0]}), got {shape_str(x.shape)}")
         hidden = _ACTIVATIONS[self.activation](x @ self.W1 + self.b1)  # (..., F)
         return hidden @ self.W2 + self.b2  # (..., E)
 
@@ -180,12 +202,18 @@ class SelfAttentionLayer:
         return self.train(False)
 
     def __call__(
-        self, x: Any, mask: Any = None, *, is_causal: bool = False, bias: Any = None
+        self,
+        x: Any,
+        mask: Any = None,
+        *,
+        is_causal: bool = False,
+        bias: Any = None,
+        recorder: Recorder | None = None,
     ) -> np.ndarray:
         x_arr = as_float_array(x, "x")
 
         def attend(h: np.ndarray) -> np.ndarray:
-            out = self.attn(h, mask=mask, is_causal=is_causal, bias=bias)
+            out = self.attn(h, mask=mask, is_causal=is_causal, bias=bias, recorder=recorder)
             return out  # type: ignore[return-value]  # weights not requested
 
         if self.norm == "post":
@@ -224,10 +252,38 @@ class EncoderBlock(SelfAttentionLayer):
         self.ffn = FeedForward(d_model, d_ff, activation=activation, scheme=scheme, seed=rng)
         self.norm2 = LayerNorm(d_model, eps)
 
+    @classmethod
+    def from_parts(
+        cls,
+        attn: MultiHeadAttention,
+        norm1: LayerNorm,
+        ffn: FeedForward,
+        norm2: LayerNorm,
+        *,
+        norm: NormPlacement = "post",
+        dropout: float = 0.0,
+        seed: int | np.random.Generator | None = 0,
+    ) -> EncoderBlock:
+        """Assemble a block from existing parts (e.g. a pretrained model's weights)."""
+        if norm not in ("post", "pre"):
+            raise AttnlabError(f"norm: expected 'post' or 'pre', got {norm!r}")
+        block = cls.__new__(cls)
+        block.norm, block.attn, block.norm1, block.ffn, block.norm2 = norm, attn, norm1, ffn, norm2
+        block.dropout = Dropout(dropout, seed=seed)
+        return block
+
     def __call__(
-        self, x: Any, mask: Any = None, *, is_causal: bool = False, bias: Any = None
+        self,
+        x: Any,
+        mask: Any = None,
+        *,
+        is_causal: bool = False,
+        bias: Any = None,
+        recorder: Recorder | None = None,
     ) -> np.ndarray:
-        h = super().__call__(x, mask, is_causal=is_causal, bias=bias)  # (B, T, E)
+        h = super().__call__(
+            x, mask, is_causal=is_causal, bias=bias, recorder=recorder
+        )  # (B, T, E)
         if self.norm == "post":
             return self.norm2(h + self.dropout(self.ffn(h)))  # (B, T, E)
         return h + self.dropout(self.ffn(self.norm2(h)))  # (B, T, E)

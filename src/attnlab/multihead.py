@@ -35,6 +35,7 @@ from .errors import (
     shape_str,
 )
 from .init import as_rng, init_weight
+from .trace import Recorder
 
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
 
@@ -217,6 +218,7 @@ class MultiHeadAttention:
         bias: Any = None,
         is_causal: bool = False,
         return_weights: bool = False,
+        recorder: Recorder | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Attend from ``x`` to ``context`` (default: ``x`` itself).
 
@@ -226,6 +228,8 @@ class MultiHeadAttention:
             mask        bool, broadcastable to (B, H, T, S); True = may attend
             key_padding bool (B, S); True = a real token (may be attended to)
             bias        float, broadcastable to (B, H, T, S), e.g. ALiBi (H, T, S)
+            recorder    an :class:`attnlab.trace.Recorder` to keep Q, K, V, scores,
+                        weights, per-head outputs (per head, one batch item)
             ->          out (B, T, E_out), and per-head weights (B, H, T, S)
         """
         x_arr = as_float_array(x, "x")
@@ -265,7 +269,27 @@ class MultiHeadAttention:
             q, k, v, mask, bias=bias, is_causal=is_causal, return_weights=True
         )  # (B, H, T, Dv), (B, H, T, S)
         out = _linear(merge_heads(heads), self.Wo, self.bo)  # (B, T, E_out)
+        if recorder is not None:
+            self._record(recorder, x_arr, q, k, v, weights, heads, out)
         return (out, weights) if return_weights else out
+
+    def _record(
+        self, recorder: Recorder, x: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+        weights: np.ndarray, heads: np.ndarray, out: np.ndarray,
+    ) -> None:
+        """Hand the intermediates to the recorder (k, v already expanded for GQA)."""
+        recorder.add("X", x, "X (this layer's input)")
+        recorder.add_heads("Q", q, "Q = X·Wq + bq")
+        recorder.add_heads("K", k, "K = X·Wk + bk")
+        recorder.add_heads("V", v, "V = X·Wv + bv")
+        if recorder.wants("scores") or recorder.wants("scaled"):
+            scores = q @ np.swapaxes(k, -1, -2)  # (B, H, T, S)
+            recorder.add_heads("scores", scores, "scores = Q·Kᵀ")
+            recorder.add_heads("scaled", scores / np.sqrt(self.head_dim),
+                               f"scaled = scores / √{self.head_dim}")
+        recorder.add_heads("weights", weights, "weights = softmax(scaled + mask, axis=-1)")
+        recorder.add_heads("output", heads, "output = weights·V")
+        recorder.add("projected", out, "out = concat(heads)·Wo + bo")
 
 
 def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import AttnlabError
 
-__all__ = ["Step", "Trace", "STEP_TEXT"]
+__all__ = ["Step", "Trace", "Recorder", "STEP_TEXT"]
 
 Lang = Literal["en", "zh"]
 
@@ -183,6 +183,17 @@ class Trace:
             raise AttnlabError("trace: it holds no attention weights step")
         return np.stack(found)  # (H, T, S)
 
+    def attention(self) -> np.ndarray:
+        """Weights of every recorded layer and head: (L, H, T, S).
+
+        Every layer must have recorded the same heads (true for a whole model run).
+        """
+        layers = sorted({s.layer for s in self.steps if s.key == "weights"},
+                        key=lambda v: -1 if v is None else v)
+        if not layers:
+            raise AttnlabError("trace: it holds no attention weights step")
+        return np.stack([self.weights(layer) for layer in layers])  # (L, H, T, S)
+
     @property
     def output(self) -> np.ndarray:
         """The final output of the computation (the last output-like step)."""
@@ -276,6 +287,62 @@ class Trace:
         if cols is not None and len(cols) != values.shape[1]:
             cols = None
         return rows, cols
+
+
+class Recorder:
+    """Collects named intermediates during a forward pass, keeping only what is asked.
+
+    Pass one as ``recorder=`` to :class:`attnlab.MultiHeadAttention` (or a layer,
+    or a model's run): it keeps the steps in ``keep`` for the ``layers`` and
+    ``heads`` chosen (None = all) and for one item of the batch, so a long input
+    need not hold every tensor. The model sets ``recorder.layer`` as it goes.
+
+    Keys: "X" (layer input), "Q", "K", "V", "scores", "scaled", "weights",
+    "output" (per-head outputs), "projected" (after Wo); or keep="all".
+    """
+
+    KEYS = ("X", "Q", "K", "V", "scores", "scaled", "weights", "output", "projected")
+
+    def __init__(
+        self,
+        keep: str | tuple[str, ...] | list[str] = ("weights",),
+        *,
+        layers: list[int] | None = None,
+        heads: list[int] | None = None,
+        batch_index: int = 0,
+    ):
+        chosen = self.KEYS if keep == "all" else tuple([keep] if isinstance(keep, str) else keep)
+        unknown = [k for k in chosen if k not in self.KEYS]
+        if unknown:
+            raise AttnlabError(
+                f"keep: expected keys from {list(self.KEYS)} or 'all', got {unknown}"
+            )
+        self.keep = frozenset(chosen)
+        self.layers = None if layers is None else set(layers)
+        self.heads = None if heads is None else sorted(set(heads))
+        self.batch_index = batch_index
+        self.layer: int | None = None
+        self.steps: list[Step] = []
+
+    def wants(self, key: str) -> bool:
+        return key in self.keep and (self.layers is None or self.layer in self.layers)
+
+    def add(self, key: str, values: np.ndarray, formula: str) -> None:
+        """Record a whole-layer tensor (B, T, X) (or (T, X) unbatched)."""
+        if self.wants(key):
+            item = values[self.batch_index] if values.ndim == 3 else values  # (T, X)
+            self.steps.append(Step(key, np.array(item), formula, layer=self.layer))
+
+    def add_heads(self, key: str, values: np.ndarray, formula: str) -> None:
+        """Record a per-head tensor (B, H, T, X) (or (H, T, X) unbatched), head by head."""
+        if not self.wants(key):
+            return
+        item = values[self.batch_index] if values.ndim == 4 else values  # (H, T, X)
+        for h in range(item.shape[0]) if self.heads is None else self.heads:
+            if h < item.shape[0]:
+                self.steps.append(
+                    Step(key, np.array(item[h]), formula, head=h, layer=self.layer)
+                )
 
 
 def _check_lang(lang: str) -> None:
