@@ -29,6 +29,7 @@ import numpy as np
 from .errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
 from .init import as_rng, init_weight
 from .multihead import MultiHeadAttention
+from .multihead import linear
 from .special import erf
 from .trace import Recorder
 
@@ -149,8 +150,8 @@ class FeedForward:
         x = as_float_array(x, "x")
         if x.ndim < 1 or x.shape[-1] != self.W1.shape[0]:
             raise ShapeError(f"x: expected (..., {self.W1.shape[0]}), got {shape_str(x.shape)}")
-        hidden = _ACTIVATIONS[self.activation](x @ self.W1 + self.b1)  # (..., F)
-        return hidden @ self.W2 + self.b2  # (..., E)
+        hidden = _ACTIVATIONS[self.activation](linear(x, self.W1, self.b1))  # (..., F)
+        return linear(hidden, self.W2, self.b2)  # (..., E)
 
 
 class SelfAttentionLayer:

@@ -37,7 +37,7 @@ from .errors import (
 from .init import as_rng, init_weight
 from .trace import Recorder
 
-__all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
+__all__ = ["MultiHeadAttention", "linear", "split_heads", "merge_heads"]
 
 
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
@@ -190,9 +190,9 @@ class MultiHeadAttention:
         self, x: np.ndarray, context: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Q, K, V split into heads: (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)."""
-        q = _linear(x, self.Wq, self.bq)  # (..., T, H*D)
-        k = _linear(context, self.Wk, self.bk)  # (..., S, Hkv*D)
-        v = _linear(context, self.Wv, self.bv)  # (..., S, Hkv*Dv)
+        q = linear(x, self.Wq, self.bq)  # (..., T, H*D)
+        k = linear(context, self.Wk, self.bk)  # (..., S, Hkv*D)
+        v = linear(context, self.Wv, self.bv)  # (..., S, Hkv*Dv)
         Hkv = self.num_kv_heads or self.num_heads  # an int after __post_init__
         return (
             split_heads(q, self.num_heads),  # (..., H, T, D)
@@ -268,7 +268,7 @@ class MultiHeadAttention:
         heads, weights = scaled_dot_product_attention(
             q, k, v, mask, bias=bias, is_causal=is_causal, return_weights=True
         )  # (B, H, T, Dv), (B, H, T, S)
-        out = _linear(merge_heads(heads), self.Wo, self.bo)  # (B, T, E_out)
+        out = linear(merge_heads(heads), self.Wo, self.bo)  # (B, T, E_out)
         if recorder is not None:
             self._record(recorder, x_arr, q, k, v, weights, heads, out)
         return (out, weights) if return_weights else out
@@ -292,9 +292,17 @@ class MultiHeadAttention:
         recorder.add("projected", out, "out = concat(heads)·Wo + bo")
 
 
-def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    y = x @ w  # (..., in) @ (in, out) -> (..., out)
-    return y if b is None else y + b
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    """x @ w + b over the last dim: (..., in) -> (..., out).
+
+    The leading dims are flattened first: NumPy's matmul of a stack (B, T, in)
+    by a matrix runs B small products, one (T, in) @ (in, out) product is
+    ~1.5x faster.
+    """
+    y = (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[1])  # (..., out)
+    if b is not None:
+        y += b
+    return y
 
 
 def _matrix(w: Any, name: str) -> np.ndarray:

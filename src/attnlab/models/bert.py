@@ -1,0 +1,357 @@
+"""A BERT encoder built only from attnlab's own blocks, loaded from local files.
+
+    embeddings = LN(word[ids] + position[0..T-1] + token_type[types])
+    for each layer (post-LN, exact-erf GELU):
+        h   = LN1(x + MHA(x, key_padding))
+        x   = LN2(h + FFN(h))
+    sentence = normalize(mean of x over real tokens)        # sentence-transformers
+
+Weights are read with safetensors' NumPy API (never pickle) and text is
+tokenised with the ``tokenizers`` library, from a directory holding
+``config.json``, ``model.safetensors`` and ``tokenizer.json``. Every tensor's
+name, shape and dtype is checked against the config before anything runs.
+
+Dimension legend: B batch, L layers, H heads, T tokens, E hidden width,
+F intermediate width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import AttnlabError, ShapeError, missing_extra, shape_str
+from ..layers import EncoderBlock, FeedForward, LayerNorm
+from ..multihead import MultiHeadAttention
+from ..trace import Recorder, Trace
+
+__all__ = ["BertConfig", "BertModel", "load_bert", "ModelFileError", "REQUIRED_FILES"]
+
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+_ACTIVATION = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
+               "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+class ModelFileError(AttnlabError):
+    """A model directory is missing a file, or holds a missing/extra/misshaped tensor."""
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """The fields of a Hugging Face BERT ``config.json`` that the encoder uses."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    hidden_act: str = "gelu"
+    pad_token_id: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config.json") -> BertConfig:
+        ints = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "max_position_embeddings", "type_vocab_size")
+        missing = [k for k in (*ints, "layer_norm_eps") if k not in data]
+        if missing:
+            raise ModelFileError(f"{source}: missing keys {missing}")
+        for key in ints:
+            if not isinstance(data[key], int) or data[key] < 1:
+                raise ModelFileError(f"{source}: {key} expected a positive integer, "
+                                     f"got {data[key]!r}")
+        if data["hidden_size"] % data["num_attention_heads"]:
+            raise ModelFileError(
+                f"{source}: hidden_size {data['hidden_size']} is not a multiple of "
+                f"num_attention_heads {data['num_attention_heads']}"
+            )
+        act = data.get("hidden_act", "gelu")
+        if act not in _ACTIVATION:
+            raise ModelFileError(f"{source}: hidden_act expected one of {sorted(_ACTIVATION)}, "
+                                 f"got {act!r}")
+        kind = data.get("position_embedding_type", "absolute")
+        if kind != "absolute":
+            raise ModelFileError(f"{source}: position_embedding_type expected 'absolute', "
+                                 f"got {kind!r}")
+        return cls(**{k: data[k] for k in ints}, layer_norm_eps=float(data["layer_norm_eps"]),
+                   hidden_act=act, pad_token_id=int(data.get("pad_token_id", 0)))
+
+    def expected_tensors(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of every tensor the encoder needs (torch Linear layout: (out, in))."""
+        E, F = self.hidden_size, self.intermediate_size
+        shapes: dict[str, tuple[int, ...]] = {
+            "embeddings.word_embeddings.weight": (self.vocab_size, E),
+            "embeddings.position_embeddings.weight": (self.max_position_embeddings, E),
+            "embeddings.token_type_embeddings.weight": (self.type_vocab_size, E),
+            "embeddings.LayerNorm.weight": (E,),
+            "embeddings.LayerNorm.bias": (E,),
+        }
+        for i in range(self.num_hidden_layers):
+            p = f"encoder.layer.{i}."
+            for name in ("query", "key", "value"):
+                shapes[p + f"attention.self.{name}.weight"] = (E, E)
+                shapes[p + f"attention.self.{name}.bias"] = (E,)
+            shapes[p + "attention.output.dense.weight"] = (E, E)
+            shapes[p + "attention.output.dense.bias"] = (E,)
+            shapes[p + "attention.output.LayerNorm.weight"] = (E,)
+            shapes[p + "attention.output.LayerNorm.bias"] = (E,)
+            shapes[p + "intermediate.dense.weight"] = (F, E)
+            shapes[p + "intermediate.dense.bias"] = (F,)
+            shapes[p + "output.dense.weight"] = (E, F)
+            shapes[p + "output.dense.bias"] = (E,)
+            shapes[p + "output.LayerNorm.weight"] = (E,)
+            shapes[p + "output.LayerNorm.bias"] = (E,)
+        return shapes
+
+
+#: Tensors a checkpoint may carry that the encoder does not use.
+_IGNORED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
+
+
+def check_tensors(tensors: dict[str, np.ndarray], config: BertConfig, source: str) -> None:
+    """Raise :class:`ModelFileError` on a missing, extra, misshaped or non-float tensor."""
+    expected = config.expected_tensors()
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected) - set(_IGNORED))
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} tensors (first: {missing[:3]})")
+    if extra:
+        problems.append(f"unexpected {len(extra)} tensors (first: {extra[:3]})")
+    for name, shape in expected.items():
+        if name in tensors:
+            arr = tensors[name]
+            if tuple(arr.shape) != shape:
+                problems.append(f"{name}: expected shape {shape_str(shape)}, "
+                                f"got {shape_str(arr.shape)}")
+            elif arr.dtype not in (np.float16, np.float32, np.float64):
+                problems.append(f"{name}: expected a float dtype, got {arr.dtype}")
+    if problems:
+        raise ModelFileError(f"{source}: " + "; ".join(problems))
+
+
+class BertModel:
+    """A BERT encoder running on attnlab's NumPy attention.
+
+    Shapes: ``forward(input_ids (B, T), attention_mask (B, T))`` -> hidden (B, T, E);
+    ``encode(texts)`` -> (n, E) float32 sentence embeddings;
+    ``run(text)`` -> a :class:`attnlab.Trace` with per-layer, per-head steps.
+    """
+
+    def __init__(
+        self,
+        config: BertConfig,
+        tensors: dict[str, np.ndarray],
+        tokenizer: Any,
+        *,
+        max_length: int = 512,
+        name: str = "bert",
+    ):
+        check_tensors(tensors, config, name)
+        if not 1 <= max_length <= config.max_position_embeddings:
+            raise AttnlabError(f"max_length: expected 1..{config.max_position_embeddings}, "
+                               f"got {max_length}")
+        self.config, self.tokenizer, self.max_length, self.name = (
+            config, tokenizer, max_length, name)
+        t = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()
+             if k not in _IGNORED}
+        eps, H = config.layer_norm_eps, config.num_attention_heads
+        E = config.hidden_size
+        self.word_embeddings = t["embeddings.word_embeddings.weight"]  # (V, E)
+        self.position_embeddings = t["embeddings.position_embeddings.weight"]  # (P, E)
+        self.token_type_embeddings = t["embeddings.token_type_embeddings.weight"]  # (2, E)
+        self.embedding_norm = LayerNorm(E, eps, gamma=t["embeddings.LayerNorm.weight"],
+                                        beta=t["embeddings.LayerNorm.bias"])
+        self.layers: list[EncoderBlock] = []
+        for i in range(config.num_hidden_layers):
+            p = f"encoder.layer.{i}."
+            attn = MultiHeadAttention(
+                # torch Linear stores (out, in); attnlab applies X @ W with W (in, out).
+                Wq=t[p + "attention.self.query.weight"].T, bq=t[p + "attention.self.query.bias"],
+                Wk=t[p + "attention.self.key.weight"].T, bk=t[p + "attention.self.key.bias"],
+                Wv=t[p + "attention.self.value.weight"].T, bv=t[p + "attention.self.value.bias"],
+                Wo=t[p + "attention.output.dense.weight"].T,
+                bo=t[p + "attention.output.dense.bias"],
+                num_heads=H,
+            )
+            norm1 = LayerNorm(E, eps, gamma=t[p + "attention.output.LayerNorm.weight"],
+                              beta=t[p + "attention.output.LayerNorm.bias"])
+            ffn = FeedForward.from_weights(
+                t[p + "intermediate.dense.weight"].T, t[p + "intermediate.dense.bias"],
+                t[p + "output.dense.weight"].T, t[p + "output.dense.bias"],
+                activation=_ACTIVATION[config.hidden_act],
+            )
+            norm2 = LayerNorm(E, eps, gamma=t[p + "output.LayerNorm.weight"],
+                              beta=t[p + "output.LayerNorm.bias"])
+            self.layers.append(EncoderBlock.from_parts(attn, norm1, ffn, norm2, norm="post"))
+
+    # ---- tokenising ------------------------------------------------------------
+
+    def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
+        """Token ids (B, T) padded with pad_token_id, attention mask (B, T) of 0/1, tokens."""
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise AttnlabError("texts: expected a list of strings, got "
+                               f"{type(texts).__name__}")
+        encodings = self.tokenizer.encode_batch(list(texts))
+        T = max((len(e.ids) for e in encodings), default=0)
+        ids = np.full((len(encodings), T), self.config.pad_token_id, dtype=np.int64)  # (B, T)
+        real = np.zeros((len(encodings), T), dtype=np.int64)  # (B, T)
+        for row, enc in enumerate(encodings):
+            ids[row, : len(enc.ids)] = enc.ids
+            real[row, : len(enc.ids)] = 1
+        return ids, real, [list(e.tokens) for e in encodings]
+
+    # ---- the encoder -----------------------------------------------------------
+
+    def embed(self, input_ids: np.ndarray, token_type_ids: np.ndarray | None = None) -> np.ndarray:
+        """(B, T) ids -> (B, T, E): word + position + token type, then LayerNorm."""
+        B, T = input_ids.shape
+        if T > self.config.max_position_embeddings:
+            raise ShapeError(f"input_ids: expected at most {self.config.max_position_embeddings} "
+                             f"tokens, got {T}")
+        if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
+            raise AttnlabError(f"input_ids: expected ids in [0, {self.config.vocab_size}), "
+                               f"got [{input_ids.min()}, {input_ids.max()}]")
+        types = np.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        x = self.word_embeddings[input_ids]  # (B, T, E)
+        x = x + self.position_embeddings[:T]  # (B, T, E)
+        x = x + self.token_type_embeddings[types]  # (B, T, E)
+        return self.embedding_norm(x)  # (B, T, E)
+
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray | None = None,
+        token_type_ids: np.ndarray | None = None,
+        *,
+        recorder: Recorder | None = None,
+    ) -> np.ndarray:
+        """Last hidden states (B, T, E). ``attention_mask`` 1 = real token (HF style)."""
+        ids = np.asarray(input_ids)
+        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+            raise ShapeError(f"input_ids: expected integer (B, T), got {ids.dtype} "
+                             f"{shape_str(ids.shape)}")
+        real = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(
+            attention_mask).astype(bool)
+        if real.shape != ids.shape:
+            raise ShapeError(f"attention_mask: expected {shape_str(ids.shape)} to match "
+                             f"input_ids, got {shape_str(real.shape)}")
+        mask = real[:, None, None, :]  # (B, 1, 1, T): True = a real key, may be attended
+        x = self.embed(ids, token_type_ids)  # (B, T, E)
+        for i, layer in enumerate(self.layers):
+            if recorder is not None:
+                recorder.layer = i
+            x = layer(x, mask, recorder=recorder)  # (B, T, E)
+        return x
+
+    def encode(self, texts: list[str], batch_size: int = 32, *,
+               normalize: bool = True) -> np.ndarray:
+        """Sentence embeddings (n, E) float32: mean over real tokens, then L2-normalised.
+
+        Texts are sorted by length and batched (as sentence-transformers does), so
+        little padding is computed; the result is in the input order.
+        """
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise AttnlabError(f"batch_size: expected a positive integer, got {batch_size!r}")
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out = np.zeros((len(texts), self.config.hidden_size), dtype=np.float32)  # (n, E)
+        for start in range(0, len(texts), batch_size):
+            chunk = order[start: start + batch_size]
+            ids, real, _ = self.tokenize([texts[i] for i in chunk])
+            hidden = self.forward(ids, real)  # (b, T, E)
+            weights = real[..., None].astype(np.float32)  # (b, T, 1)
+            summed = (hidden * weights).sum(axis=1)  # (b, E)
+            pooled = summed / np.maximum(weights.sum(axis=1), 1e-9)  # (b, E)
+            if normalize:
+                norms = np.linalg.norm(pooled, axis=-1, keepdims=True)  # (b, 1)
+                pooled = pooled / np.maximum(norms, 1e-12)
+            out[chunk] = pooled
+        return out
+
+    def run(
+        self,
+        text: str,
+        *,
+        keep: str | tuple[str, ...] = ("weights",),
+        layers: list[int] | None = None,
+        heads: list[int] | None = None,
+    ) -> Trace:
+        """Trace one text through the model: per-layer, per-head steps.
+
+        ``keep`` chooses the intermediates ("Q", "K", "V", "scores", "scaled",
+        "weights", "output", "X", "projected", or "all"); ``layers``/``heads``
+        restrict which are kept, so a long input need not hold every tensor.
+        """
+        if not isinstance(text, str):
+            raise AttnlabError(f"text: expected a string, got {type(text).__name__}")
+        for name, chosen, count in (("layers", layers, self.config.num_hidden_layers),
+                                    ("heads", heads, self.config.num_attention_heads)):
+            if chosen is not None and any(not 0 <= i < count for i in chosen):
+                raise AttnlabError(f"{name}: expected indices in 0..{count - 1}, got {chosen}")
+        recorder = Recorder(keep, layers=layers, heads=heads)
+        ids, real, tokens = self.tokenize([text])
+        hidden = self.forward(ids, real, recorder=recorder)  # (1, T, E)
+        meta = {"model": self.name, "layers": self.config.num_hidden_layers,
+                "heads": self.config.num_attention_heads, "T": len(tokens[0]),
+                "hidden": hidden[0]}
+        return Trace(steps=recorder.steps, tokens=tokens[0], meta=meta)
+
+    def attentions(self, text: str) -> tuple[np.ndarray, list[str]]:
+        """Attention weights of every layer and head (L, H, T, T), and the tokens."""
+        trace = self.run(text)
+        return trace.attention(), trace.tokens
+
+
+def load_bert(path: str | Path, *, max_length: int | None = None) -> BertModel:
+    """Build a :class:`BertModel` from a local directory.
+
+    The directory must hold ``config.json``, ``model.safetensors`` and
+    ``tokenizer.json``. ``max_length`` (tokens, truncating longer input) defaults
+    to ``max_seq_length`` from ``sentence_bert_config.json`` when present (256
+    for all-MiniLM-L6-v2), else the model's max_position_embeddings.
+    """
+    try:
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise missing_extra("safetensors and tokenizers", "models", "Loading a model") from None
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ModelFileError(f"path: expected a model directory, got {str(path)!r}")
+    missing = [f for f in REQUIRED_FILES if not (folder / f).is_file()]
+    if missing:
+        raise ModelFileError(f"path: {folder.name} is missing {', '.join(missing)} "
+                             f"(a BERT directory needs {', '.join(REQUIRED_FILES)})")
+    try:
+        config_data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelFileError(f"config.json: not valid JSON ({exc})") from None
+    config = BertConfig.from_dict(config_data)
+    if max_length is None:
+        st_config = folder / "sentence_bert_config.json"
+        max_length = config.max_position_embeddings
+        if st_config.is_file():
+            max_length = int(json.loads(st_config.read_text(encoding="utf-8")).get(
+                "max_seq_length", max_length))
+    try:
+        tensors = load_file(str(folder / "model.safetensors"))
+    except Exception as exc:  # safetensors raises its own error types on a bad header
+        raise ModelFileError(f"model.safetensors: could not be read ({exc})") from None
+    # Checkpoints saved from a BertFor... model prefix the encoder with "bert." and
+    # add their task head ("cls.", "classifier."), which the encoder does not use.
+    if any(k.startswith("bert.") for k in tensors):
+        tensors = {k.removeprefix("bert."): v for k, v in tensors.items()
+                   if k.startswith("bert.")}
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_length)
+    return BertModel(config, tensors, tokenizer, max_length=max_length, name=folder.name)
