@@ -17,8 +17,10 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SENTENCES = [
-    "小明去了学校。", "The cat sat on the mat.", "Self-attention relates every token to every other.",
-    "A man is playing a guitar on the street.", "北京是中国的首都。", "I love NLP and transformers.",
+    "小明去了学校。", "The cat sat on the mat.",
+    "Self-attention relates every token to every other.",
+    "A man is playing a guitar on the street.", "北京是中国的首都。",
+    "I love NLP and transformers.",
     "The weather is lovely today, let's go for a walk in the park.",
     "Quantum chromodynamics describes the strong interaction between quarks and gluons.",
     "She went to the bank to deposit her paycheck before it closed.",

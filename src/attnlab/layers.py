@@ -28,8 +28,7 @@ import numpy as np
 
 from .errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
 from .init import as_rng, init_weight
-from .multihead import MultiHeadAttention
-from .multihead import linear
+from .multihead import MultiHeadAttention, linear
 from .special import erf
 from .trace import Recorder
 
