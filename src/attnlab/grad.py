@@ -235,7 +235,7 @@ def mha_backward(
     ``dbk`` is always 0 up to rounding: bk adds q·bk to every score of a row,
     and softmax ignores a constant shift.
     """
-    x_arr, ctx, mask = _mha_inputs(mha, x, context, mask, key_padding)
+    x_arr, ctx, mask = mha.prepare_inputs(x, context, mask, key_padding)
     H, Hkv = mha.num_heads, mha.num_kv_heads or mha.num_heads
     group = H // Hkv
     q, k, v = mha.project(x_arr, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
@@ -280,43 +280,6 @@ def mha_backward(
     if context is None:  # self-attention: x feeds the keys and values too
         return MultiHeadGrads(dx + dctx, None, params, dbias)
     return MultiHeadGrads(dx, dctx, params, dbias)
-
-
-def _mha_inputs(
-    mha: MultiHeadAttention, x: Any, context: Any, mask: Any, key_padding: Any
-) -> tuple[np.ndarray, np.ndarray, Any]:
-    """The validation of ``MultiHeadAttention.__call__``, repeated; returns x, context, mask.
-
-    Kept identical to the forward (a test compares the two on bad inputs); it would
-    move into multihead.py as a shared helper.
-    """
-    x_arr = as_float_array(x, "x")
-    ctx = x_arr if context is None else as_float_array(context, "context")
-    if x_arr.ndim not in (2, 3):
-        raise ShapeError(f"x: expected (B, T, E) or (T, E), got {shape_str(x_arr.shape)}")
-    if x_arr.shape[-1] != mha.Wq.shape[0]:
-        raise ShapeError(
-            f"x: expected (B, T, {mha.Wq.shape[0]}) to match Wq, got {shape_str(x_arr.shape)}"
-        )
-    if ctx.ndim != x_arr.ndim or ctx.shape[-1] != mha.Wk.shape[0] or (
-        ctx.ndim == 3 and ctx.shape[0] != x_arr.shape[0]
-    ):
-        lead = f"{x_arr.shape[0]}, " if x_arr.ndim == 3 else ""
-        raise ShapeError(
-            f"context: expected ({lead}S, {mha.Wk.shape[0]}) to match x and Wk, "
-            f"got {shape_str(ctx.shape)}"
-        )
-    if key_padding is not None:
-        kp = np.asarray(key_padding)
-        expected = (*ctx.shape[:-2], ctx.shape[-2])
-        if kp.dtype != np.bool_ or kp.shape != expected:
-            raise ShapeError(
-                f"key_padding: expected bool {shape_str(expected)} (True = real token), "
-                f"got {kp.dtype} {shape_str(kp.shape)}"
-            )
-        kp = kp[..., None, None, :]  # (B, 1, 1, S)
-        mask = kp if mask is None else (np.asarray(mask) & kp)
-    return x_arr, ctx, mask
 
 
 def _sum_groups(grad: np.ndarray, kv_heads: int, group: int) -> np.ndarray:

@@ -208,29 +208,13 @@ class MultiHeadAttention:
         group = self.num_heads // (self.num_kv_heads or self.num_heads)
         return kv if group == 1 else np.repeat(kv, group, axis=-3)  # (..., H, S, D)
 
-    def __call__(
-        self,
-        x: Any,
-        context: Any = None,
-        mask: Any = None,
-        *,
-        key_padding: Any = None,
-        bias: Any = None,
-        is_causal: bool = False,
-        return_weights: bool = False,
-        recorder: Recorder | None = None,
-    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """Attend from ``x`` to ``context`` (default: ``x`` itself).
+    def prepare_inputs(
+        self, x: Any, context: Any = None, mask: Any = None, key_padding: Any = None
+    ) -> tuple[np.ndarray, np.ndarray, Any]:
+        """Validate the inputs of a call; fold ``key_padding`` into ``mask``.
 
-        Shapes:
-            x           (B, T, E) or (T, E)
-            context     (B, S, Ekv) or (S, Ekv); None = self-attention
-            mask        bool, broadcastable to (B, H, T, S); True = may attend
-            key_padding bool (B, S); True = a real token (may be attended to)
-            bias        float, broadcastable to (B, H, T, S), e.g. ALiBi (H, T, S)
-            recorder    an :class:`attnlab.trace.Recorder` to keep Q, K, V, scores,
-                        weights, per-head outputs (per head, one batch item)
-            ->          out (B, T, E_out), and per-head weights (B, H, T, S)
+        Returns x (B, T, E), context (B, S, Ekv) (x itself for self-attention) and
+        the combined mask (or None). Shared by the forward and the backward pass.
         """
         x_arr = as_float_array(x, "x")
         ctx = x_arr if context is None else as_float_array(context, "context")
@@ -263,6 +247,33 @@ class MultiHeadAttention:
                 scores = (*x_arr.shape[:-2], self.num_heads, x_arr.shape[-2], ctx.shape[-2])
                 check_broadcastable(mask.shape, scores, "mask", "(B, H, T, S)")
             mask = kp if mask is None else (mask & kp)
+        return x_arr, ctx, mask
+
+    def __call__(
+        self,
+        x: Any,
+        context: Any = None,
+        mask: Any = None,
+        *,
+        key_padding: Any = None,
+        bias: Any = None,
+        is_causal: bool = False,
+        return_weights: bool = False,
+        recorder: Recorder | None = None,
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Attend from ``x`` to ``context`` (default: ``x`` itself).
+
+        Shapes:
+            x           (B, T, E) or (T, E)
+            context     (B, S, Ekv) or (S, Ekv); None = self-attention
+            mask        bool, broadcastable to (B, H, T, S); True = may attend
+            key_padding bool (B, S); True = a real token (may be attended to)
+            bias        float, broadcastable to (B, H, T, S), e.g. ALiBi (H, T, S)
+            recorder    an :class:`attnlab.trace.Recorder` to keep Q, K, V, scores,
+                        weights, per-head outputs (per head, one batch item)
+            ->          out (B, T, E_out), and per-head weights (B, H, T, S)
+        """
+        x_arr, ctx, mask = self.prepare_inputs(x, context, mask, key_padding)
         q, k, v = self.project(x_arr, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, H, S, D), (B, H, S, Dv)
         heads, weights = scaled_dot_product_attention(
