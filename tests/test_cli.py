@@ -87,7 +87,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
 def test_installed_entry_point_runs_without_traceback(tmp_path):
     exe = shutil.which("attnlab", path=os.path.dirname(sys.executable))
     if exe is None:  # not installed as a script (e.g. run from a source tree)
-        cmd = [sys.executable, "-m", "attnlab.cli"]
+        cmd = [sys.executable, "-m", "attnlab"]
     else:
         cmd = [exe]
     ok = subprocess.run([*cmd, "explain", "--lang", "zh"], capture_output=True, text=True,

@@ -9,6 +9,7 @@ Bad input ends with a one-line error on stderr and exit status 2, never a traceb
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -67,61 +68,17 @@ def parse_matrix(text: str) -> np.ndarray:
     return matrix
 
 
+#: Sub-commands: each module ``attnlab.cli_<name>`` has ``add_parser(sub)`` and
+#: ``run(args) -> int``. A command's heavy imports happen inside its ``run``.
+COMMANDS = ("explain",)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attnlab", description="Self-attention from scratch, step by step.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    ex = sub.add_parser(
-        "explain",
-        help="print every step of self-attention (X → Q,K,V → QKᵀ → scale → softmax → ·V)",
-        description="Run self-attention step by step. With no options: seed 000's example "
-        "X = [[1,0,1,0],[0,2,0,2],[1,1,1,1]], d_k = 3, weights from --seed.",
-    )
-    ex.add_argument("--tokens", help='token labels, space separated, e.g. "小明 去了 学校"; '
-                    "without --x each token gets a deterministic toy embedding")
-    ex.add_argument("--x", metavar="MATRIX",
-                    help="input X (T×E): inline '1,0,1,0; 0,2,0,2' or JSON, or a .npy/.csv file")
-    ex.add_argument("--d-k", type=int, default=3, help="head dim d_k (default 3)")
-    ex.add_argument("--d-model", type=int, default=4,
-                    help="embedding width for --tokens without --x (default 4)")
-    ex.add_argument("--heads", type=int, default=1, help="number of heads (default 1)")
-    ex.add_argument("--causal", action="store_true", help="causal mask: no peeking ahead")
-    ex.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
-    ex.add_argument("--init", choices=["normal", "xavier", "xavier_normal"], default="normal",
-                    help="weight initialisation (default normal, as the seeds' randn)")
-    ex.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the text")
-    ex.add_argument("--format", choices=["text", "json", "markdown"], default="text",
-                    dest="fmt", help="what to print (default text)")
-    ex.add_argument("--precision", type=int, default=4, help="decimals printed (default 4)")
-    ex.add_argument("--out", metavar="DIR",
-                    help="also write heatmap.png, heatmap.svg, trace.json, trace.md here")
+    for name in COMMANDS:
+        importlib.import_module(f"attnlab.cli_{name}").add_parser(sub)
     return parser
-
-
-def _cmd_explain(args: argparse.Namespace) -> int:
-    from .explain import explain
-
-    tokens = args.tokens.split() if args.tokens is not None else None
-    if tokens is not None and not tokens:
-        raise CliError("--tokens: expected at least one token, got an empty string")
-    X = parse_matrix(args.x) if args.x is not None else None
-    if not 0 <= args.precision <= 12:
-        raise CliError(f"--precision: expected 0..12, got {args.precision}")
-    trace = explain(
-        X, tokens=tokens, d_k=args.d_k, d_model=args.d_model, num_heads=args.heads,
-        causal=args.causal, seed=args.seed, scheme=args.init,
-    )
-    if args.fmt == "json":
-        print(trace.to_json())
-    elif args.fmt == "markdown":
-        print(trace.to_markdown(args.lang, precision=args.precision))
-    else:
-        print(trace.to_text(args.lang, precision=args.precision))
-    if args.out:
-        written = trace.save(args.out, lang=args.lang)
-        label = "已写入" if args.lang == "zh" else "wrote"
-        for path in written:
-            print(f"{label} {path}", file=sys.stderr)
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
-        return {"explain": _cmd_explain}[args.command](args)
+        return int(importlib.import_module(f"attnlab.cli_{args.command}").run(args))
     except (CliError, AttnlabError) as exc:
         print(f"error: {exc}".replace("\n", " "), file=sys.stderr)
         return EXIT_USAGE
@@ -148,6 +105,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_INTERNAL
 
-
-if __name__ == "__main__":
-    sys.exit(main())
