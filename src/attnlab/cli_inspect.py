@@ -1,0 +1,106 @@
+"""``attnlab inspect``: a real pretrained model's attention, drawn, diagnosed and browsable.
+
+    attnlab inspect                                  # "小明去了学校" through all-MiniLM-L6-v2
+    attnlab inspect "The cat sat on the mat." --layer 3 --head 5 7 --out cat/
+
+Writes into --out: grid.png (layers × heads heatmaps), head.png (one head at
+full size), view.html (the offline interactive viewer) and diagnostics.json,
+and prints the diagnostics table. Layers and heads are numbered from 1 here,
+as in the printed tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .cli import CliError
+
+DEFAULT_TEXT = "小明去了学校"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="run a real model (all-MiniLM-L6-v2) on a text and look at every head",
+        description="Run a pretrained BERT (default: the packaged all-MiniLM-L6-v2) on TEXT "
+        "with attnlab's own attention; write heatmaps, an interactive HTML viewer and "
+        "diagnostics (entropy, sparsity, [CLS]/[SEP] sinks, positional heads, head "
+        "diversity).",
+    )
+    p.add_argument("text", nargs="?", default=DEFAULT_TEXT,
+                   help=f'the text to run (default "{DEFAULT_TEXT}")')
+    p.add_argument("--layer", type=int, nargs="+", metavar="L",
+                   help="only these layers (numbered from 1)")
+    p.add_argument("--head", type=int, nargs="+", metavar="H",
+                   help="only these heads (numbered from 1)")
+    p.add_argument("--model", metavar="DIR",
+                   help="a BERT directory (config.json, model.safetensors, tokenizer.json) "
+                   "instead of the packaged MiniLM")
+    p.add_argument("--out", metavar="DIR", default="attnlab-inspect",
+                   help="where to write the files (default attnlab-inspect/)")
+    p.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the output")
+    p.add_argument("--format", choices=["table", "json"], default="table", dest="fmt",
+                   help="what to print: the diagnostics table or JSON (default table)")
+
+
+def _select(chosen: list[int] | None, count: int, flag: str) -> list[int]:
+    """1-based CLI numbers -> 0-based indices, checked."""
+    if chosen is None:
+        return list(range(count))
+    bad = [c for c in chosen if not 1 <= c <= count]
+    if bad:
+        raise CliError(f"{flag}: expected numbers in 1..{count}, got {bad[0]}")
+    return sorted({c - 1 for c in chosen})
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from .diagnostics import diagnose
+    from .models import load_bert, load_minilm
+    from .viewer import AttentionView
+    from .viz import plot_attention, plot_head_grid, save_figure
+
+    if not args.text.strip():
+        raise CliError("text: expected some text, got an empty string")
+    model = load_bert(args.model) if args.model else load_minilm()
+    L, H = model.config.num_hidden_layers, model.config.num_attention_heads
+    layers = _select(args.layer, L, "--layer")
+    heads = _select(args.head, H, "--head")
+    trace = model.run(args.text, keep=("weights",), layers=layers, heads=heads)
+    weights = trace.attention()  # (len(layers), len(heads), T, T)
+    tokens = trace.tokens
+    diagnostics = diagnose(weights, tokens)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    zh = args.lang == "zh"
+    names = [f"{'层' if zh else 'Layer'} {layer + 1} · {'头' if zh else 'Head'} {head + 1}"
+             for layer in layers for head in heads]
+    where = f"{model.name}: {args.text}"
+    grid = plot_head_grid(weights, tokens, tokens, titles=names, title=where, lang=args.lang)
+    written = [save_figure(grid, out / "grid.png")]
+    single = plot_attention(weights[0, 0], tokens, tokens, title=f"{names[0]} — {where}",
+                            lang=args.lang)
+    written.append(save_figure(single, out / "head.png"))
+    view = AttentionView(weights, tokens, diagnostics=diagnostics, lang=args.lang,
+                         title=f"{where} ({len(layers)} × {len(heads)})")
+    written.append(view.save(out / "view.html"))
+    (out / "diagnostics.json").write_text(diagnostics.to_json() + "\n", encoding="utf-8")
+    written.append(out / "diagnostics.json")
+
+    if args.fmt == "json":
+        print(diagnostics.to_json())
+    else:
+        if len(layers) < L or len(heads) < H:
+            note = (f"(rows numbered within the selection: layers {[i + 1 for i in layers]}, "
+                    f"heads {[h + 1 for h in heads]})")
+            print(note)
+        print(diagnostics.to_table(args.lang))
+    label = "已写入" if zh else "wrote"
+    for path in written:
+        print(f"{label} {path}", file=sys.stderr)
+    return 0

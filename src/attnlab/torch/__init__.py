@@ -1,0 +1,68 @@
+"""attnlab.torch — the PyTorch layer of attnlab.
+
+Everything here behaves identically to its NumPy twin in the core (same shapes,
+same bool mask convention with **True = may attend**, same bottom-right causal
+alignment, rows with nothing to attend to give 0) and is tested against it to
+float64 precision. Importing ``attnlab`` never imports torch; importing
+``attnlab.torch`` without torch installed raises an ImportError saying what to
+install.
+
+Dimension legend: B batch, H heads, T query length, S key length, D head dim,
+Dv value dim, E model width.
+
+==============================================  =========================================
+attnlab.torch                                   NumPy core
+==============================================  =========================================
+``scaled_dot_product_attention(q, k, v, mask)``  ``attnlab.scaled_dot_product_attention``
+``softmax(x)``, ``causal_mask(T, S)``           ``attnlab.softmax``, ``attnlab.causal_mask``
+``MultiHeadAttention(h, d_model)``              ``attnlab.MultiHeadAttention``
+``SelfAttentionLayer(d_model, h)``              ``attnlab.SelfAttentionLayer``
+``LayerNorm(d_model)``                          ``attnlab.LayerNorm``
+``PositionalEncoding(d_model)``                 ``positional.SinusoidalPositionalEncoding``
+``sinusoidal_encoding``, ``apply_rope``,        the same names in ``attnlab.positional``
+``rope_angles``, ``alibi_slopes``, ``alibi_bias``
+``from_numpy(obj)`` / ``to_numpy(module)``      move parameters between the two
+==============================================  =========================================
+
+``to_torch_multihead`` / ``from_torch_multihead`` move parameters to and from
+``torch.nn.MultiheadAttention`` (whose masks mean the opposite: True = blocked).
+"""
+
+from ..errors import missing_extra
+
+try:
+    import torch  # noqa: F401
+except ImportError:
+    raise missing_extra("torch", "torch", "attnlab.torch") from None
+
+from .attention import causal_mask, scaled_dot_product_attention, softmax
+from .convert import from_numpy, from_torch_multihead, to_numpy, to_torch_multihead
+from .layers import LayerNorm, SelfAttentionLayer
+from .multihead import MultiHeadAttention
+from .positional import (
+    PositionalEncoding,
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    rope_angles,
+    sinusoidal_encoding,
+)
+
+__all__ = [
+    "LayerNorm",
+    "MultiHeadAttention",
+    "PositionalEncoding",
+    "SelfAttentionLayer",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rope",
+    "causal_mask",
+    "from_numpy",
+    "from_torch_multihead",
+    "rope_angles",
+    "scaled_dot_product_attention",
+    "sinusoidal_encoding",
+    "softmax",
+    "to_numpy",
+    "to_torch_multihead",
+]

@@ -1,0 +1,168 @@
+"""Moving parameters between the NumPy core, attnlab.torch and ``torch.nn.MultiheadAttention``.
+
+The NumPy core stores projections (in, out) and applies ``X @ W``; ``nn.Linear``
+and ``nn.MultiheadAttention`` store (out, in): ``W_numpy = weight.T``.
+
+================================  =====================================================
+``from_numpy(obj)``               NumPy object -> its attnlab.torch module
+``to_numpy(module)``              attnlab.torch module -> its NumPy object
+``to_torch_multihead(mha)``       attnlab.torch.MultiHeadAttention -> nn.MultiheadAttention
+``from_torch_multihead(module)``  nn.MultiheadAttention -> attnlab.torch.MultiHeadAttention
+================================  =====================================================
+
+Dimension legend: H heads, D head dim, E model width, Ekv width of keys/values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import layers as np_layers
+from .. import multihead as np_multihead
+from ..errors import AttnlabError
+from ..positional import SinusoidalPositionalEncoding
+from .layers import LayerNorm, SelfAttentionLayer
+from .multihead import MultiHeadAttention
+from .positional import PositionalEncoding
+
+__all__ = ["from_numpy", "to_numpy", "to_torch_multihead", "from_torch_multihead"]
+
+_TWINS: tuple[tuple[type, Any], ...] = (
+    (np_multihead.MultiHeadAttention, MultiHeadAttention),
+    (np_layers.LayerNorm, LayerNorm),
+    (SinusoidalPositionalEncoding, PositionalEncoding),
+)
+
+
+def from_numpy(obj: Any, *, device: Any = None) -> nn.Module:
+    """The attnlab.torch module with the parameters of a NumPy core object.
+
+    Accepts ``attnlab.MultiHeadAttention``, ``attnlab.SelfAttentionLayer``,
+    ``attnlab.LayerNorm`` and ``attnlab.positional.SinusoidalPositionalEncoding``.
+    Parameters keep their NumPy dtype (float64 stays float64).
+
+    >>> import attnlab
+    >>> from_numpy(attnlab.MultiHeadAttention.init(8, 2)).q_proj.weight.dtype
+    torch.float64
+    """
+    if type(obj) is np_layers.SelfAttentionLayer:
+        return SelfAttentionLayer.from_numpy(obj, device=device)
+    for numpy_type, torch_type in _TWINS:
+        if isinstance(obj, numpy_type):
+            return torch_type.from_numpy(obj, device=device)
+    raise AttnlabError(
+        "obj: expected an attnlab MultiHeadAttention, SelfAttentionLayer, LayerNorm or "
+        f"SinusoidalPositionalEncoding, got {type(obj).__name__}"
+    )
+
+
+def to_numpy(module: nn.Module) -> Any:
+    """The NumPy core object with the parameters of an attnlab.torch module."""
+    if not isinstance(
+        module, (MultiHeadAttention, SelfAttentionLayer, LayerNorm, PositionalEncoding)
+    ):
+        raise AttnlabError(
+            "module: expected an attnlab.torch MultiHeadAttention, SelfAttentionLayer, "
+            f"LayerNorm or PositionalEncoding, got {type(module).__name__}"
+        )
+    return module.to_numpy()
+
+
+def to_torch_multihead(mha: MultiHeadAttention) -> nn.MultiheadAttention:
+    """An ``nn.MultiheadAttention(batch_first=True)`` computing the same thing as ``mha``.
+
+    Possible only for what that class can express: Hkv = H, Dv = D, H * D = E,
+    output width E, all four biases or none, no RoPE or ALiBi. Remember its masks
+    are the other way round: ``attn_mask=~mask``, ``key_padding_mask=~key_padding``.
+    """
+    if not isinstance(mha, MultiHeadAttention):
+        raise AttnlabError(
+            f"mha: expected an attnlab.torch.MultiHeadAttention, got {type(mha).__name__}"
+        )
+    E, H = mha.d_model, mha.h
+    problems = []
+    if mha.num_kv_heads != H:
+        problems.append(f"num_kv_heads = {mha.num_kv_heads} (GQA)")
+    if mha.d_v != mha.d_k or H * mha.d_k != E:
+        problems.append(f"head dims D = {mha.d_k}, Dv = {mha.d_v} with H = {H}, E = {E}")
+    if mha.d_out != E:
+        problems.append(f"d_out = {mha.d_out}")
+    if mha.rope or mha.alibi:
+        problems.append("rope/alibi")
+    linears = (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj)
+    has_bias = [lin.bias is not None for lin in linears]
+    if any(has_bias) and not all(has_bias):
+        problems.append("biases on some projections only")
+    if problems:
+        raise AttnlabError(
+            "mha: expected Hkv = H, Dv = D, H*D = E = d_out, all biases or none and no "
+            f"RoPE/ALiBi (what nn.MultiheadAttention can express), got {'; '.join(problems)}"
+        )
+    weight = mha.q_proj.weight
+    target = nn.MultiheadAttention(
+        E, H, dropout=mha.dropout, bias=all(has_bias), kdim=mha.d_context, vdim=mha.d_context,
+        batch_first=True, device=weight.device, dtype=weight.dtype,
+    )
+    with torch.no_grad():
+        if target._qkv_same_embed_dim:
+            target.in_proj_weight.copy_(
+                torch.cat([mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight])
+            )  # (3E, E)
+        else:
+            target.q_proj_weight.copy_(mha.q_proj.weight)  # (E, E)
+            target.k_proj_weight.copy_(mha.k_proj.weight)  # (E, Ekv)
+            target.v_proj_weight.copy_(mha.v_proj.weight)  # (E, Ekv)
+        target.out_proj.weight.copy_(mha.out_proj.weight)
+        if all(has_bias):
+            target.in_proj_bias.copy_(
+                torch.cat([mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias])
+            )  # (3E,)
+            target.out_proj.bias.copy_(mha.out_proj.bias)
+    return target.train(mha.training)
+
+
+def from_torch_multihead(module: nn.MultiheadAttention) -> MultiHeadAttention:
+    """An attnlab.torch.MultiHeadAttention with the parameters of ``module``.
+
+    attnlab's module is always batch-first, whatever ``module.batch_first`` says.
+    ``add_bias_kv`` and ``add_zero_attn`` have no counterpart and are refused.
+    """
+    if not isinstance(module, nn.MultiheadAttention):
+        raise AttnlabError(
+            f"module: expected a torch.nn.MultiheadAttention, got {type(module).__name__}"
+        )
+    if module.bias_k is not None or module.add_zero_attn:
+        raise AttnlabError(
+            "module: expected add_bias_kv=False and add_zero_attn=False, which attnlab "
+            "has no counterpart for"
+        )
+    if module.kdim != module.vdim:
+        raise AttnlabError(
+            f"module: expected kdim == vdim, got kdim = {module.kdim}, vdim = {module.vdim}"
+        )
+    E, H = module.embed_dim, module.num_heads
+    weight = module.out_proj.weight
+    has_bias = module.in_proj_bias is not None
+    mha = MultiHeadAttention(
+        H, E, module.dropout, d_context=module.kdim, bias=has_bias,
+        device=weight.device, dtype=weight.dtype,
+    )
+    with torch.no_grad():
+        if module._qkv_same_embed_dim:
+            w_q, w_k, w_v = module.in_proj_weight.chunk(3)  # (E, E) each
+        else:
+            w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+        mha.q_proj.weight.copy_(w_q)
+        mha.k_proj.weight.copy_(w_k)
+        mha.v_proj.weight.copy_(w_v)
+        mha.out_proj.weight.copy_(module.out_proj.weight)
+        if has_bias:
+            b_q, b_k, b_v = module.in_proj_bias.chunk(3)  # (E,) each
+            mha.q_proj.bias.copy_(b_q)
+            mha.k_proj.bias.copy_(b_k)
+            mha.v_proj.bias.copy_(b_v)
+            mha.out_proj.bias.copy_(module.out_proj.bias)
+    return mha.train(module.training)

@@ -1,0 +1,395 @@
+"""Multi-head (and grouped-query) attention as a ``torch.nn.Module``.
+
+Behaves identically to :class:`attnlab.MultiHeadAttention` (the NumPy core) on
+the same parameters, which move both ways with :meth:`MultiHeadAttention.from_numpy`
+and :meth:`MultiHeadAttention.to_numpy`. Seed 001's name and signature
+(``MultiHeadAttention(h, d_model)``, ``forward(query, key, value, mask)``), and
+torch's conventions for the rest: the module starts in training mode, its
+parameters are ``nn.Linear`` layers stored (out, in) (``W_numpy = linear.weight.T``),
+and inputs must already have the parameters' dtype and device.
+
+Dimension legend: B batch, H heads (Hkv key/value heads), T query length,
+S key length, D head dim, Dv value head dim, E model width (Ekv: width of the
+keys' and values' input).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import multihead as np_multihead
+from ..errors import AttnlabError, ShapeError, check_broadcastable, check_positive_int, shape_str
+from ._checks import (
+    as_bool_tensor,
+    check_bias_values,
+    check_finite,
+    check_flag,
+    check_positive_float,
+    check_probability,
+    check_same_device,
+    module_input,
+)
+from ._params import to_array, to_optional_array, to_param, torch_dtype
+from .attention import attend, check_score_size
+from .positional import alibi_bias, rotate
+
+__all__ = ["MultiHeadAttention"]
+
+
+@dataclass
+class _Checked:
+    """Inputs of multi-head attention after validation (no math done yet)."""
+
+    query: torch.Tensor  # (B, T, E) or (T, E)
+    key: torch.Tensor  # (B, S, Ekv) or (S, Ekv)
+    value: torch.Tensor  # (B, S, Ekv) or (S, Ekv)
+    allowed: torch.Tensor | None  # bool, broadcastable to (B, H, T, S), without causal
+    bias: torch.Tensor | None  # float, broadcastable to (B, H, T, S)
+    is_causal: bool
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head (and grouped-query) attention; behaves identically to
+    :class:`attnlab.MultiHeadAttention` on the same parameters.
+
+    Seed 001's ``MultiHeadAttention(h, d_model)``, with torch's conventions for the
+    rest: ``dropout`` is on the attention weights (active in training mode only).
+
+    Args:
+        h: query heads H. d_model: model width E (E must be a multiple of H
+            unless ``head_dim`` is given).
+        num_kv_heads: Hkv for grouped-query attention (default H; must divide H).
+            Query head h reads key/value head h // (H / Hkv).
+        head_dim, value_head_dim: D (default E // H) and Dv (default D).
+        d_context: Ekv, width of ``key`` / ``value`` (default E). d_out: output width (default E).
+        bias: biases on all four projections.
+        v_gain: scales the Xavier init of the value projection (seed 001's "smaller V").
+        rope: rotate queries and keys per head (RoPE) with ``rope_base`` and
+            ``rope_interleaved``; keys sit at positions 0 .. S-1 and queries at
+            S - T .. S - 1 (bottom-right, so a cached decoding step is right).
+        alibi: add ``alibi_bias(H, T, S)`` to the scores (combine with ``is_causal``).
+        generator: the torch.Generator the Xavier init draws from (default: torch's global one).
+
+    Parameters: ``q_proj`` (E -> H*D), ``k_proj`` (Ekv -> Hkv*D), ``v_proj``
+    (Ekv -> Hkv*Dv), ``out_proj`` (H*Dv -> E_out), all ``nn.Linear``; Xavier-uniform
+    weights and zero biases, as the NumPy core's ``MultiHeadAttention.init``.
+
+    Formula, for head h (g the key/value head it reads)::
+
+        head_h = softmax((query Wq_h)(key Wk_g)ᵀ / √D  [masked]) (value Wv_g)
+        out    = concat(head_1, ..., head_H) Wo + bo
+
+    >>> mha = MultiHeadAttention(2, 8)
+    >>> x = torch.ones(1, 3, 8)
+    >>> mha(x, x, x).shape
+    torch.Size([1, 3, 8])
+    >>> out, weights = mha(x, x, x, need_weights=True)
+    >>> weights.shape
+    torch.Size([1, 2, 3, 3])
+    """
+
+    def __init__(
+        self,
+        h: int,
+        d_model: int,
+        dropout: float = 0.0,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        value_head_dim: int | None = None,
+        d_context: int | None = None,
+        d_out: int | None = None,
+        bias: bool = True,
+        v_gain: float = 1.0,
+        rope: bool = False,
+        rope_base: float = 10000.0,
+        rope_interleaved: bool = False,
+        alibi: bool = False,
+        generator: torch.Generator | None = None,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        H = check_positive_int(h, "h")
+        E = check_positive_int(d_model, "d_model")
+        Hkv = H if num_kv_heads is None else check_positive_int(num_kv_heads, "num_kv_heads")
+        if H % Hkv:
+            raise AttnlabError(f"num_kv_heads: expected a divisor of h = {H}, got {Hkv}")
+        if head_dim is None:
+            if E % H:
+                raise AttnlabError(
+                    f"d_model: expected a multiple of h = {H} (or pass head_dim), got {E}"
+                )
+            head_dim = E // H
+        D = check_positive_int(head_dim, "head_dim")
+        Dv = D if value_head_dim is None else check_positive_int(value_head_dim, "value_head_dim")
+        Ekv = E if d_context is None else check_positive_int(d_context, "d_context")
+        E_out = E if d_out is None else check_positive_int(d_out, "d_out")
+        check_flag(bias, "bias")
+        self.rope = check_flag(rope, "rope")
+        self.rope_interleaved = check_flag(rope_interleaved, "rope_interleaved")
+        self.rope_base = check_positive_float(rope_base, "rope_base")
+        if rope and D % 2:
+            raise AttnlabError(
+                f"head_dim: RoPE rotates pairs of features, expected an even D, got {D}"
+            )
+        self.alibi = check_flag(alibi, "alibi")
+        self.dropout = check_probability(dropout, "dropout")
+        if isinstance(v_gain, bool) or not isinstance(v_gain, (int, float)) or not (
+            math.isfinite(v_gain) and v_gain >= 0
+        ):
+            raise AttnlabError(f"v_gain: expected a finite number >= 0, got {v_gain!r}")
+
+        self.h, self.num_kv_heads, self.d_k, self.d_v = H, Hkv, D, Dv
+        self.d_model, self.d_context, self.d_out = E, Ekv, E_out
+        factory = {"device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(E, H * D, bias=bias, **factory)
+        self.k_proj = nn.Linear(Ekv, Hkv * D, bias=bias, **factory)
+        self.v_proj = nn.Linear(Ekv, Hkv * Dv, bias=bias, **factory)
+        self.out_proj = nn.Linear(H * Dv, E_out, bias=bias, **factory)
+        self.reset_parameters(v_gain=float(v_gain), generator=generator)
+
+    def reset_parameters(
+        self, *, v_gain: float = 1.0, generator: torch.Generator | None = None
+    ) -> None:
+        """Xavier-uniform weights (the value projection's times ``v_gain``), zero biases."""
+        for linear, gain in ((self.q_proj, 1.0), (self.k_proj, 1.0),
+                             (self.v_proj, v_gain), (self.out_proj, 1.0)):
+            nn.init.xavier_uniform_(linear.weight, gain=gain, generator=generator)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+
+    @property
+    def num_heads(self) -> int:
+        """H, the core's name for seed 001's ``h``."""
+        return self.h
+
+    def extra_repr(self) -> str:
+        parts = [f"h={self.h}", f"d_model={self.d_model}", f"dropout={self.dropout}"]
+        if self.num_kv_heads != self.h:
+            parts.append(f"num_kv_heads={self.num_kv_heads}")
+        if self.rope:
+            parts.append(f"rope=True, rope_base={self.rope_base}, "
+                         f"rope_interleaved={self.rope_interleaved}")
+        if self.alibi:
+            parts.append("alibi=True")
+        return ", ".join(parts)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        key_padding: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` to ``key``/``value`` (pass the same tensor three times for
+        self-attention).
+
+        Shapes:
+            query       (B, T, E) or (T, E)
+            key, value  (B, S, Ekv) or (S, Ekv)
+            mask        bool, broadcastable to (B, H, T, S); True = may attend
+                        (torch.nn.MultiheadAttention's attn_mask is the opposite: True blocks)
+            key_padding bool (B, S); True = a real token (the opposite of torch's
+                        key_padding_mask)
+            bias        float, broadcastable to (B, H, T, S), added to the scaled scores
+            ->          out (B, T, E_out), and per-head weights (B, H, T, S) if
+                        ``need_weights`` (torch.nn.MultiheadAttention averages them over heads)
+
+        ``is_causal`` is bottom-right aligned (query i may see keys j ≤ S - T + i).
+        Rows with nothing to attend to give 0.
+        """
+        checked = self._check(query, key, value, mask, key_padding, bias, is_causal)
+        if check_flag(need_weights, "need_weights"):  # the weights are a (B, H, T, S) tensor
+            lead, T, S = checked.query.shape[:-2], checked.query.shape[-2], checked.key.shape[-2]
+            check_score_size((*lead, self.h, T, S))
+        return self._attend(checked, need_weights)
+
+    def _check(
+        self,
+        query: Any,
+        key: Any,
+        value: Any,
+        mask: Any,
+        key_padding: Any,
+        bias: Any,
+        is_causal: Any,
+        names: tuple[str, str, str] = ("query", "key", "value"),
+    ) -> _Checked:
+        """Every check of :meth:`forward`, before any math; ``names`` are the arguments'."""
+        like = self.q_proj.weight
+        q_name, k_name, v_name = names
+        q_in = module_input(query, q_name, like)
+        k_in = module_input(key, k_name, like)
+        v_in = module_input(value, v_name, like)
+        E, Ekv = self.d_model, self.d_context
+        if q_in.ndim not in (2, 3) or q_in.shape[-1] != E:
+            raise ShapeError(
+                f"{q_name}: expected (B, T, {E}) or (T, {E}) with E = d_model, "
+                f"got {shape_str(q_in.shape)}"
+            )
+        lead = tuple(q_in.shape[:-2])
+        lead_str = f"{lead[0]}, " if lead else ""
+        for name, t in ((k_name, k_in), (v_name, v_in)):
+            if t.ndim != q_in.ndim or tuple(t.shape[:-2]) != lead or t.shape[-1] != Ekv:
+                raise ShapeError(
+                    f"{name}: expected ({lead_str}S, {Ekv}) to match query's batch and "
+                    f"d_context = {Ekv}, got {shape_str(t.shape)}"
+                )
+        if v_in.shape[-2] != k_in.shape[-2]:
+            raise ShapeError(
+                f"{v_name}: expected ({lead_str}{k_in.shape[-2]}, {Ekv}) to match key's length, "
+                f"got {shape_str(v_in.shape)}"
+            )
+        T, S = q_in.shape[-2], k_in.shape[-2]
+        score_shape = (*lead, self.h, T, S)
+        score_layout = "(B, H, T, S)" if lead else "(H, T, S)"
+        check_flag(is_causal, "is_causal")
+        allowed: torch.Tensor | None = None
+        if mask is not None:
+            allowed = as_bool_tensor(mask, "mask")
+            check_broadcastable(allowed.shape, score_shape, "mask", score_layout)
+            check_same_device(like, "the module", allowed, "mask")
+        if key_padding is not None:
+            expected = (*lead, S)
+            if (not isinstance(key_padding, torch.Tensor) or key_padding.dtype != torch.bool
+                    or tuple(key_padding.shape) != expected):
+                got = (f"{key_padding.dtype} {shape_str(key_padding.shape)}"
+                       if isinstance(key_padding, torch.Tensor) else type(key_padding).__name__)
+                raise ShapeError(
+                    f"key_padding: expected bool {shape_str(expected)} (True = real token), "
+                    f"got {got}"
+                )
+            check_same_device(like, "the module", key_padding, "key_padding")
+            padding = key_padding[..., None, None, :]  # (B, 1, 1, S)
+            allowed = padding if allowed is None else (allowed & padding)  # (B, H, T, S)
+        bias_t: torch.Tensor | None = None
+        if bias is not None:
+            if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
+                raise AttnlabError(
+                    f"bias: expected a float tensor, got "
+                    f"{bias.dtype if isinstance(bias, torch.Tensor) else type(bias).__name__}"
+                )
+            check_broadcastable(bias.shape, score_shape, "bias", score_layout)
+            check_same_device(like, "the module", bias, "bias")
+            check_bias_values(bias)
+            bias_t = bias.to(like.dtype)
+        if self.rope and T > S:
+            raise AttnlabError(
+                f"{q_name}: RoPE places queries at positions S - T .. S - 1, expected T <= S, "
+                f"got T = {T}, S = {S}"
+            )
+        inputs = [(q_name, q_in)]
+        inputs += [(n, t) for n, t in ((k_name, k_in), (v_name, v_in)) if t is not q_in]
+        check_finite(inputs)
+        return _Checked(q_in, k_in, v_in, allowed, bias_t, is_causal)
+
+    def _attend(
+        self, c: _Checked, need_weights: bool
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The math of :meth:`forward` on checked inputs."""
+        H, Hkv, D, Dv = self.h, self.num_kv_heads, self.d_k, self.d_v
+        lead = tuple(c.query.shape[:-2])
+        T, S = c.query.shape[-2], c.key.shape[-2]
+        q = self.q_proj(c.query).view(*lead, T, H, D).transpose(-3, -2)  # (B, H, T, D)
+        k = self.k_proj(c.key).view(*lead, S, Hkv, D).transpose(-3, -2)  # (B, Hkv, S, D)
+        v = self.v_proj(c.value).view(*lead, S, Hkv, Dv).transpose(-3, -2)  # (B, Hkv, S, Dv)
+        if self.rope:
+            key_pos = torch.arange(S, device=q.device)  # (S,)
+            q = rotate(q, key_pos[S - T:], base=self.rope_base,
+                       interleaved=self.rope_interleaved)  # (B, H, T, D)
+            k = rotate(k, key_pos, base=self.rope_base,
+                       interleaved=self.rope_interleaved)  # (B, Hkv, S, D)
+        if H != Hkv:
+            k = k.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S, D)
+            v = v.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S, Dv)
+        bias = c.bias
+        if self.alibi:
+            slopes_bias = alibi_bias(H, T, S, dtype=q.dtype, device=q.device)  # (H, T, S)
+            bias = slopes_bias if bias is None else bias + slopes_bias  # (B, H, T, S)
+        result = attend(
+            q, k, v, c.allowed, bias, 1.0 / math.sqrt(D),
+            is_causal=c.is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            return_weights=need_weights,
+        )  # (B, H, T, Dv) [, (B, H, T, S)]
+        heads, weights = result if isinstance(result, tuple) else (result, None)
+        merged = heads.transpose(-3, -2).reshape(*lead, T, H * Dv)  # (B, T, H*Dv)
+        out = self.out_proj(merged)  # (B, T, E_out)
+        return out if weights is None else (out, weights)
+
+    @classmethod
+    def from_numpy(
+        cls,
+        mha: np_multihead.MultiHeadAttention,
+        *,
+        dropout: float = 0.0,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> MultiHeadAttention:
+        """A module with the parameters of a NumPy :class:`attnlab.MultiHeadAttention`.
+
+        Any shapes the core accepts (GQA, D != E/H, Dv != D, cross-attention widths,
+        missing biases) carry over. dtype: the arrays' unless ``dtype`` is given.
+        """
+        if not isinstance(mha, np_multihead.MultiHeadAttention):
+            raise AttnlabError(
+                f"mha: expected an attnlab.MultiHeadAttention, got {type(mha).__name__}"
+            )
+        params = mha.parameters()
+        dtype = dtype or torch_dtype(*params.values())
+        module = cls(
+            mha.num_heads, mha.Wq.shape[0], dropout,
+            num_kv_heads=mha.num_kv_heads, head_dim=mha.head_dim,
+            value_head_dim=mha.value_head_dim, d_context=mha.Wk.shape[0],
+            d_out=mha.Wo.shape[1], device=device, dtype=dtype,
+        )
+        with torch.no_grad():
+            for linear, w_name, b_name in (
+                (module.q_proj, "Wq", "bq"), (module.k_proj, "Wk", "bk"),
+                (module.v_proj, "Wv", "bv"), (module.out_proj, "Wo", "bo"),
+            ):
+                linear.weight.copy_(to_param(params[w_name], transpose=True, like=linear.weight))
+                if b_name in params:
+                    linear.bias.copy_(to_param(params[b_name], transpose=False, like=linear.bias))
+                else:
+                    linear.register_parameter("bias", None)
+        return module
+
+    def to_numpy(self) -> np_multihead.MultiHeadAttention:
+        """The NumPy :class:`attnlab.MultiHeadAttention` with these parameters.
+
+        Refused for ``rope=True`` or ``alibi=True``: the NumPy class has no such
+        option, and a twin that silently computed something else would defeat the
+        point. Move the weights with ``rope=False`` / ``alibi=False`` and apply
+        :func:`attnlab.positional.apply_rope` / pass ``bias=alibi_bias(...)`` on the NumPy side.
+        """
+        if self.rope or self.alibi:
+            option = "rope" if self.rope else "alibi"
+            raise AttnlabError(
+                f"{option}: the NumPy MultiHeadAttention has no {option} option, expected "
+                f"a module with {option}=False to convert; apply attnlab.positional's "
+                "functions on the NumPy side instead"
+            )
+        return np_multihead.MultiHeadAttention(
+            Wq=to_array(self.q_proj.weight, transpose=True),
+            Wk=to_array(self.k_proj.weight, transpose=True),
+            Wv=to_array(self.v_proj.weight, transpose=True),
+            Wo=to_array(self.out_proj.weight, transpose=True),
+            num_heads=self.h,
+            num_kv_heads=self.num_kv_heads,
+            bq=to_optional_array(self.q_proj.bias),
+            bk=to_optional_array(self.k_proj.bias),
+            bv=to_optional_array(self.v_proj.bias),
+            bo=to_optional_array(self.out_proj.bias),
+        )

@@ -1,0 +1,58 @@
+"""attnlab inspect: files written, numbers equal the model's, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from attnlab.cli import main
+from attnlab.models import load_minilm
+
+
+def test_inspect_writes_every_output(capsys, tmp_path):
+    code = main(["inspect", "The cat sat.", "--layer", "2", "6", "--head", "1", "12",
+                 "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    for name in ("grid.png", "head.png", "view.html", "diagnostics.json"):
+        assert (tmp_path / name).stat().st_size > 0 and name in err
+    assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
+    data = json.loads((tmp_path / "diagnostics.json").read_text(encoding="utf-8"))
+    assert len(data["heads"]) == 4 and len(data["layers"]) == 2  # 2 layers × 2 heads
+    assert "entropy" in out and "layers [2, 6], heads [1, 12]" in out
+    # The viewer embeds exactly the model's weights for layer 2, head 1.
+    weights, tokens = load_minilm().attentions("The cat sat.")
+    html = (tmp_path / "view.html").read_text(encoding="utf-8")
+    start = html.index('<script type="application/json" id="attnlab-data">')
+    payload = html[html.index(">", start) + 1: html.index("</script>", start)]
+    data = json.loads(payload)
+    assert data["tokens"] == tokens == ["[CLS]", "the", "cat", "sat", ".", "[SEP]"]
+    shown = np.array(data["weights"])  # (2, 2, T, T): layers 2, 6 × heads 1, 12
+    # The page rounds weights to a few decimals for size: compare at that precision.
+    np.testing.assert_allclose(shown[0, 0], weights[1, 0], atol=1e-4)
+    np.testing.assert_allclose(shown[1, 1], weights[5, 11], atol=1e-4)
+
+
+def test_inspect_json_and_chinese(capsys, tmp_path):
+    code = main(["inspect", "--format", "json", "--lang", "zh", "--layer", "1",
+                 "--out", str(tmp_path)])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    data = json.loads(out)
+    assert len(data["heads"]) == 12
+    entropy = np.array([h["entropy"] for h in data["heads"]])
+    assert ((entropy >= 0) & (entropy <= 1)).all()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["inspect", "--layer", "7"], "--layer: expected numbers in 1..6, got 7"),
+    (["inspect", "--head", "0"], "--head: expected numbers in 1..12, got 0"),
+    (["inspect", "   "], "text: expected some text"),
+    (["inspect", "--model", "/nonexistent/dir"], "path: expected a model directory"),
+])
+def test_inspect_errors_are_one_line(capsys, tmp_path, args, message):
+    code = main([*args, "--out", str(tmp_path)])
+    _, err = capsys.readouterr()
+    assert code == 2 and message in err and err.count("\n") == 1

@@ -1,0 +1,218 @@
+"""attnlab.viewer: the page is self-contained, escapes every token, and embeds the data.
+
+These are static checks on the HTML text; tests/test_browser.py runs the page in a real
+browser.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab.diagnostics import diagnose
+from attnlab.errors import AttnlabError, ShapeError
+from attnlab.viewer import AttentionView, render_html
+
+TOKENS = ["[CLS]", "小", "明", "去", "了", "学", "校", "[SEP]"]
+INJECTED = "<img src=x onerror=alert(1)>"
+SCRIPT_BREAK = "</script><script>alert(2)</script>"
+
+
+def random_weights(L: int = 2, H: int = 3, T: int = 8, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.dirichlet(np.full(T, 0.5), size=(L, H, T))  # (L, H, T, T)
+
+
+def embedded_json(page: str) -> dict:
+    match = re.search(
+        r'<script type="application/json" id="attnlab-data">(.*?)</script>', page, re.S
+    )
+    assert match is not None
+    return json.loads(match.group(1))
+
+
+def script_and_style(page: str) -> tuple[str, str]:
+    scripts = re.findall(r"<script>(.*?)</script>", page, re.S)
+    styles = re.findall(r"<style>(.*?)</style>", page, re.S)
+    assert len(scripts) == 1 and len(styles) == 1
+    return scripts[0], styles[0]
+
+
+def csp_hash(source: str) -> str:
+    return "sha256-" + base64.b64encode(hashlib.sha256(source.encode()).digest()).decode()
+
+
+@pytest.fixture(scope="module")
+def hostile_page() -> str:
+    tokens = TOKENS.copy()
+    tokens[3], tokens[4] = INJECTED, SCRIPT_BREAK
+    return render_html(random_weights(), tokens, title="<script>alert(3)</script> & co")
+
+
+# ------------------------------------------------------------ self-contained
+
+
+def markup_only(page: str) -> str:
+    """The page without the JSON data (text the browser never parses as HTML)."""
+    return re.sub(r'(id="attnlab-data">).*?(</script>)', r"\1\2", page, flags=re.S)
+
+
+def test_page_references_nothing_on_the_network(hostile_page: str) -> None:
+    assert "http://" not in hostile_page and "https://" not in hostile_page
+    markup = re.sub(r"<script>.*?</script>", "", markup_only(hostile_page), flags=re.S)
+    assert "//" not in markup  # no protocol-relative URL either
+    targets = re.findall(r"""\b(?:src|href|action|srcset|data)\s*=\s*["']?([^"'\s>]*)""",
+                         markup, re.I)
+    assert targets == ["data:,"]  # only the empty favicon, so the browser asks for none
+    assert "url(" not in hostile_page and "@import" not in hostile_page
+    script, _ = script_and_style(hostile_page)
+    for loader in ("src", "href", "fetch", "XMLHttpRequest", "import(", "WebSocket", "//"):
+        assert loader not in script
+
+
+def test_content_security_policy_allows_only_the_inline_code(hostile_page: str) -> None:
+    script, style = script_and_style(hostile_page)
+    match = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', hostile_page)
+    assert match is not None
+    policy = dict(part.strip().split(" ", 1) for part in match.group(1).split(";"))
+    assert policy["default-src"] == "'none'"
+    assert policy["script-src"] == f"'{csp_hash(script)}'"
+    assert policy["style-src"] == f"'{csp_hash(style)}'"
+
+
+def test_script_writes_text_only_never_markup(hostile_page: str) -> None:
+    script, _ = script_and_style(hostile_page)
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(",
+                 "new Function", "setAttribute(\"style\""):
+        assert sink not in script
+    assert "textContent" in script
+
+
+# ------------------------------------------------------------------- escaping
+
+
+def test_injected_tokens_only_appear_inside_escaped_json(hostile_page: str) -> None:
+    assert INJECTED not in hostile_page
+    assert "<img" not in hostile_page.lower()
+    assert "alert(2)</script>" not in hostile_page
+    # Exactly the page's two script elements are closed: no token closed one early.
+    assert hostile_page.count("</script>") == 2
+    data_block = re.search(r'id="attnlab-data">(.*?)</script>', hostile_page, re.S)
+    assert data_block is not None and "<" not in data_block.group(1)
+    assert "\\u003cimg src=x onerror=alert(1)\\u003e" in data_block.group(1)
+
+
+def test_tokens_round_trip_exactly_through_the_json(hostile_page: str) -> None:
+    data = embedded_json(hostile_page)
+    assert data["tokens"][3] == INJECTED and data["tokens"][4] == SCRIPT_BREAK
+    assert data["key_tokens"] == data["tokens"]
+
+
+def test_title_is_html_escaped(hostile_page: str) -> None:
+    escaped = "&lt;script&gt;alert(3)&lt;/script&gt; &amp; co"
+    assert f"<title>{escaped}</title>" in hostile_page
+    assert f'<h1 id="view-title">{escaped}</h1>' in hostile_page
+    assert "<script>alert(3)" not in hostile_page
+
+
+# ----------------------------------------------------------------- the data
+
+
+def test_weights_and_diagnostics_are_embedded() -> None:
+    weights = random_weights()
+    data = embedded_json(render_html(weights, TOKENS))
+    assert data["shape"] == [2, 3, 8, 8]
+    np.testing.assert_allclose(data["weights"], weights, atol=5e-5)  # 4 decimals
+    expected = diagnose(weights, TOKENS).to_dict()
+    assert data["diagnostics"]["heads"] == expected["heads"]
+    assert data["diagnostics"]["layers"] == expected["layers"]
+
+
+def test_given_diagnostics_are_used_and_checked() -> None:
+    weights = np.zeros((1, 1, 4, 4))
+    weights[0, 0, :, :3] = 1 / 3  # the last key is padding
+    padded = diagnose(weights, key_padding=np.array([True, True, True, False]))
+    data = embedded_json(render_html(weights, list("abcd"), diagnostics=padded))
+    assert data["diagnostics"]["heads"][0]["entropy"] == pytest.approx(1.0)
+    with pytest.raises(ShapeError, match=r"diagnostics: expected .* \(1, 1, 4, 4\)"):
+        render_html(weights, list("abcd"), diagnostics=diagnose(random_weights(1, 2, 4)))
+    with pytest.raises(AttnlabError, match="diagnostics: expected"):
+        render_html(weights, list("abcd"), diagnostics={"heads": []})  # type: ignore[arg-type]
+
+
+def test_stable_ids_for_scripts_and_tests() -> None:
+    page = render_html(random_weights(), TOKENS)
+    for element_id in ("layer-select", "head-select", "query-tokens", "key-tokens", "lines",
+                       "heatmap", "diagnostics", "attnlab-view"):
+        assert page.count(f'id="{element_id}"') == 1
+    assert page == render_html(random_weights(), TOKENS)  # deterministic output
+
+
+def test_chinese_interface() -> None:
+    page = render_html(random_weights(), TOKENS, lang="zh")
+    assert '<html lang="zh-CN">' in page and "注意力权重" in page
+    assert embedded_json(page)["words"]["layer_option"] == "第 {n} 层"
+
+
+def test_three_dimensional_weights_and_cross_attention() -> None:
+    one_layer = render_html(random_weights(1, 2, 3)[0], ["a", "b", "c"])
+    assert embedded_json(one_layer)["shape"] == [1, 2, 3, 3]
+    cross = np.full((1, 1, 2, 3), 1 / 3)
+    data = embedded_json(render_html(cross, ["q1", "q2"], key_tokens=["k1", "k2", "k3"]))
+    assert data["key_tokens"] == ["k1", "k2", "k3"]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "pattern"),
+    [
+        ((random_weights(), TOKENS[:3]), {}, AttnlabError, r"tokens: expected 8 labels"),
+        ((random_weights(), "abcdefgh"), {}, AttnlabError, "tokens: expected a list"),
+        ((np.full((1, 1, 2, 3), 1 / 3), ["a", "b"]), {}, AttnlabError,
+         "key_tokens: expected 3 key labels"),
+        ((random_weights(), TOKENS), {"lang": "fr"}, AttnlabError, "lang: expected"),
+        ((random_weights(), TOKENS), {"title": 3}, AttnlabError, "title: expected a str"),
+        ((random_weights() * 5, TOKENS), {}, AttnlabError, r"weights: expected .* \[0, 1\]"),
+        ((np.ones(4), ["a"]), {}, ShapeError, "weights: expected"),
+    ],
+)
+def test_bad_arguments_are_named(args: tuple, kwargs: dict, error: type, pattern: str) -> None:
+    with pytest.raises(error, match=pattern):
+        render_html(*args, **kwargs)
+
+
+# ---------------------------------------------------------- AttentionView
+
+
+def test_view_saves_the_page(tmp_path: Path) -> None:
+    view = AttentionView(random_weights(), TOKENS, title="小明")
+    target = view.save(tmp_path / "out" / "viewer.html")
+    assert target.read_text(encoding="utf-8") == view.html
+    assert "<title>小明</title>" in view.html
+
+
+def test_repr_html_is_a_sandboxed_iframe_with_a_unique_id() -> None:
+    first = AttentionView(random_weights(), TOKENS)
+    second = AttentionView(random_weights(seed=1), TOKENS)
+    frames = [first._repr_html_(), second._repr_html_()]
+    ids = [re.findall(r'<iframe id="([^"]+)"', frame)[0] for frame in frames]
+    assert ids[0] != ids[1] and all(i.startswith("attnlab-view-") for i in ids)
+    for frame, view in zip(frames, (first, second), strict=True):
+        assert 'sandbox="allow-scripts"' in frame and "allow-same-origin" not in frame
+        srcdoc = re.search(r'srcdoc="([^"]*)"', frame)
+        assert srcdoc is not None and html.unescape(srcdoc.group(1)) == view.html
+
+
+def test_view_from_trace() -> None:
+    trace = attnlab.explain(tokens=["小明", "去了", "学校"], num_heads=2)
+    view = AttentionView.from_trace(trace, lang="zh")
+    data = embedded_json(view.html)
+    assert data["shape"] == [1, 2, 3, 3] and data["tokens"] == ["小明", "去了", "学校"]
+    np.testing.assert_allclose(data["weights"][0], trace.weights(), atol=5e-5)
