@@ -156,10 +156,6 @@ CASES = [
     (lambda: mha()(X, CTX, torch.full((2, 5, 8), float("nan"))), AttnlabError,
      r"^value: expected finite values, got 80 non-finite \(first: NaN at index \(0, 0, 0\)\)$"),
     # ---- conversions
-    (lambda: mha(rope=True).to_numpy(), AttnlabError,
-     r"^rope: the NumPy MultiHeadAttention has no rope option"),
-    (lambda: mha(alibi=True).to_numpy(), AttnlabError,
-     r"^alibi: the NumPy MultiHeadAttention has no alibi option"),
     (lambda: at.MultiHeadAttention.from_numpy("weights"), AttnlabError,
      r"^mha: expected an attnlab.MultiHeadAttention, got str$"),
     (lambda: at.from_numpy(object()), AttnlabError,
@@ -202,8 +198,6 @@ CASES = [
      r"^mask: expected a bool tensor \(True = may attend\), got dtype torch.float32"),
     (lambda: at.SelfAttentionLayer.from_numpy(attnlab.EncoderBlock(8, 2, 16)), AttnlabError,
      r"^layer: expected an attnlab.SelfAttentionLayer, got EncoderBlock$"),
-    (lambda: at.SelfAttentionLayer(8, 2, rope=True).to_numpy(), AttnlabError,
-     r"^rope: the NumPy MultiHeadAttention has no rope option"),
 ]
 
 

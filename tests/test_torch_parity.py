@@ -364,7 +364,8 @@ def test_positional_encoding_matches_numpy_core():
 # --------------------------------------------------------------------------- RoPE / ALiBi
 
 
-def core_mha_with_positions(core, x, ctx, *, rope=None, alibi=False, is_causal=False):
+def core_mha_with_positions(core, x, ctx, *, rope=None, alibi=False, is_causal=False,
+                            base=10000.0):
     """The NumPy reference for a module with rope/alibi, written out from the core's pieces."""
     from attnlab.multihead import merge_heads
     from attnlab.positional import alibi_bias, apply_rope
@@ -372,8 +373,8 @@ def core_mha_with_positions(core, x, ctx, *, rope=None, alibi=False, is_causal=F
     q, k, v = core.project(x, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
     T, S = q.shape[-2], k.shape[-2]
     if rope is not None:
-        q = apply_rope(q, positions=S - T, interleaved=rope)
-        k = apply_rope(k, interleaved=rope)
+        q = apply_rope(q, positions=S - T, interleaved=rope, base=base)
+        k = apply_rope(k, interleaved=rope, base=base)
     k, v = core.expand_kv(k), core.expand_kv(v)
     bias = alibi_bias(core.num_heads, T, S) if alibi else None
     heads = attnlab.scaled_dot_product_attention(q, k, v, bias=bias, is_causal=is_causal)
@@ -407,6 +408,34 @@ def test_mha_alibi_matches_numpy_alibi_bias(H):
     for need_weights in (False, True):
         out = module(t(x), t(ctx), t(ctx), is_causal=True, need_weights=need_weights)
         assert err64(out[0] if need_weights else out, ref) <= F64_TOL  # 1e-12
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_and_alibi_carry_over_to_numpy_and_back(interleaved):
+    module = at.MultiHeadAttention(4, 16, num_kv_heads=2, rope=True, alibi=True,
+                                   rope_interleaved=interleaved, rope_base=500.0,
+                                   dtype=torch.float64)
+    core = module.to_numpy()
+    assert core.rope is not None and core.rope.interleaved == interleaved and core.alibi
+    rng = np.random.default_rng(8)
+    x, ctx = rng.standard_normal((2, 3, 16)), rng.standard_normal((2, 7, 16))
+    ref = core_mha_with_positions(core, x, ctx, rope=interleaved, alibi=True, is_causal=True,
+                                  base=500.0)
+    # The NumPy class's own rope/alibi equal the reference written out from its pieces ...
+    np.testing.assert_allclose(core(x, ctx, is_causal=True), ref, atol=1e-12)
+    # ... and the module built back from it equals the original module.
+    back = at.MultiHeadAttention.from_numpy(core)
+    assert back.rope and back.alibi and back.rope_base == 500.0
+    out = module(t(x), t(ctx), t(ctx), is_causal=True)
+    assert err64(out, ref) <= F64_TOL  # 1e-12: float64 rounding only
+    assert err64(back(t(x), t(ctx), t(ctx), is_causal=True), ref) <= F64_TOL
+
+
+def test_numpy_rope_refuses_more_queries_than_keys():
+    core = at.MultiHeadAttention(2, 8, rope=True, dtype=torch.float64).to_numpy()
+    with pytest.raises(attnlab.AttnlabError, match=r"x: RoPE places queries at positions "
+                                                   r"S - T \.\. S - 1, expected T <= S"):
+        core(np.zeros((1, 5, 8)), np.zeros((1, 3, 8)))
 
 
 # --------------------------------------------------------------------------- bfloat16

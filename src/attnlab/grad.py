@@ -235,6 +235,11 @@ def mha_backward(
     ``dbk`` is always 0 up to rounding: bk adds q·bk to every score of a row,
     and softmax ignores a constant shift.
     """
+    if mha.rope is not None or mha.alibi:
+        raise AttnlabError(
+            "mha: the backward pass covers multi-head attention without rope/alibi, "
+            "expected rope=None and alibi=False"
+        )
     x_arr, ctx, mask = mha.prepare_inputs(x, context, mask, key_padding)
     H, Hkv = mha.num_heads, mha.num_kv_heads or mha.num_heads
     group = H // Hkv

@@ -35,6 +35,7 @@ from .errors import (
     shape_str,
 )
 from .init import as_rng, init_weight
+from .positional import RotaryEmbedding, alibi_bias
 from .trace import Recorder
 
 __all__ = ["MultiHeadAttention", "linear", "split_heads", "merge_heads"]
@@ -62,6 +63,10 @@ class MultiHeadAttention:
         Wq (E, H*D), Wk (Ekv, Hkv*D), Wv (Ekv, Hkv*Dv), Wo (H*Dv, E_out)
         bq (H*D,), bk (Hkv*D,), bv (Hkv*Dv,), bo (E_out,) — optional biases
         num_heads H, num_kv_heads Hkv (default H; H must be a multiple of Hkv)
+        rope   an :class:`attnlab.positional.RotaryEmbedding` applied to queries and
+               keys per head: keys at positions 0 .. S-1, queries at S-T .. S-1
+               (bottom-right, as ``is_causal``), so T <= S is required
+        alibi  add ``alibi_bias(H, T, S)`` to the scores (combine with ``is_causal``)
 
     Build random ones with :meth:`init`; build from arrays directly to check
     against another implementation.
@@ -85,6 +90,8 @@ class MultiHeadAttention:
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
     bo: np.ndarray | None = None
+    rope: RotaryEmbedding | None = None
+    alibi: bool = False
     head_dim: int = field(init=False)
     value_head_dim: int = field(init=False)
 
@@ -129,6 +136,17 @@ class MultiHeadAttention:
                 f"Wo: expected (H*Dv, E_out) = ({H * Dv}, E_out), got {shape_str(self.Wo.shape)}"
             )
         self.head_dim, self.value_head_dim = D, Dv
+        if self.rope is not None:
+            if not isinstance(self.rope, RotaryEmbedding):
+                raise AttnlabError(
+                    f"rope: expected an attnlab.positional.RotaryEmbedding or None, "
+                    f"got {type(self.rope).__name__}"
+                )
+            if self.rope.head_dim != D:
+                raise AttnlabError(
+                    f"rope: expected head_dim {D} to match Wq's heads, got {self.rope.head_dim}"
+                )
+        self.alibi = bool(self.alibi)
         self.bq = _vector(self.bq, "bq", self.Wq.shape[1])
         self.bk = _vector(self.bk, "bk", self.Wk.shape[1])
         self.bv = _vector(self.bv, "bv", self.Wv.shape[1])
@@ -148,6 +166,9 @@ class MultiHeadAttention:
         v_gain: float = 1.0,
         seed: int | np.random.Generator | None = 0,
         dtype: Any = np.float64,
+        rope: bool = False,
+        rope_base: float = 10000.0,
+        alibi: bool = False,
     ) -> MultiHeadAttention:
         """Random parameters: Xavier/Glorot by default, zero biases.
 
@@ -155,6 +176,8 @@ class MultiHeadAttention:
         width of the keys/values' input for cross-attention (default d_model).
         ``scheme`` is "xavier", "xavier_normal" or "normal" (the seeds' randn);
         ``v_gain`` < 1 scales Wv down (seed 001's "smaller scale for V").
+        ``rope=True`` rotates queries and keys (RoPE, base ``rope_base``);
+        ``alibi=True`` adds ALiBi's per-head linear bias.
         """
         E = check_positive_int(d_model, "d_model")
         H = check_positive_int(num_heads, "num_heads")
@@ -179,6 +202,8 @@ class MultiHeadAttention:
             num_heads=H,
             num_kv_heads=Hkv,
             bq=zeros(H * D), bk=zeros(Hkv * D), bv=zeros(Hkv * D), bo=zeros(E),
+            rope=RotaryEmbedding(D, base=rope_base) if rope else None,
+            alibi=alibi,
         )
 
     def parameters(self) -> dict[str, np.ndarray]:
@@ -275,6 +300,18 @@ class MultiHeadAttention:
         """
         x_arr, ctx, mask = self.prepare_inputs(x, context, mask, key_padding)
         q, k, v = self.project(x_arr, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
+        T, S = q.shape[-2], k.shape[-2]
+        if self.rope is not None:
+            if T > S:
+                raise AttnlabError(
+                    f"x: RoPE places queries at positions S - T .. S - 1, expected T <= S, "
+                    f"got T = {T}, S = {S}"
+                )
+            q = self.rope(q, np.arange(S - T, S))  # (B, H, T, D)
+            k = self.rope(k, np.arange(S))  # (B, Hkv, S, D)
+        if self.alibi:
+            slopes = alibi_bias(self.num_heads, T, S).astype(q.dtype)  # (H, T, S)
+            bias = slopes if bias is None else slopes + np.asarray(bias)  # (B, H, T, S)
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, H, S, D), (B, H, S, Dv)
         heads, weights = scaled_dot_product_attention(
             q, k, v, mask, bias=bias, is_causal=is_causal, return_weights=True

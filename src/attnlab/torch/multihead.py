@@ -353,6 +353,9 @@ class MultiHeadAttention(nn.Module):
             num_kv_heads=mha.num_kv_heads, head_dim=mha.head_dim,
             value_head_dim=mha.value_head_dim, d_context=mha.Wk.shape[0],
             d_out=mha.Wo.shape[1], device=device, dtype=dtype,
+            rope=mha.rope is not None, alibi=mha.alibi,
+            rope_base=mha.rope.base if mha.rope is not None else 10000.0,
+            rope_interleaved=mha.rope.interleaved if mha.rope is not None else False,
         )
         with torch.no_grad():
             for linear, w_name, b_name in (
@@ -369,18 +372,13 @@ class MultiHeadAttention(nn.Module):
     def to_numpy(self) -> np_multihead.MultiHeadAttention:
         """The NumPy :class:`attnlab.MultiHeadAttention` with these parameters.
 
-        Refused for ``rope=True`` or ``alibi=True``: the NumPy class has no such
-        option, and a twin that silently computed something else would defeat the
-        point. Move the weights with ``rope=False`` / ``alibi=False`` and apply
-        :func:`attnlab.positional.apply_rope` / pass ``bias=alibi_bias(...)`` on the NumPy side.
+        RoPE and ALiBi carry over (a :class:`attnlab.positional.RotaryEmbedding`
+        with the same base and layout, and ``alibi=True``).
         """
-        if self.rope or self.alibi:
-            option = "rope" if self.rope else "alibi"
-            raise AttnlabError(
-                f"{option}: the NumPy MultiHeadAttention has no {option} option, expected "
-                f"a module with {option}=False to convert; apply attnlab.positional's "
-                "functions on the NumPy side instead"
-            )
+        from ..positional import RotaryEmbedding
+
+        rope = (RotaryEmbedding(self.d_k, base=self.rope_base, interleaved=self.rope_interleaved)
+                if self.rope else None)
         return np_multihead.MultiHeadAttention(
             Wq=to_array(self.q_proj.weight, transpose=True),
             Wk=to_array(self.k_proj.weight, transpose=True),
@@ -392,4 +390,6 @@ class MultiHeadAttention(nn.Module):
             bk=to_optional_array(self.k_proj.bias),
             bv=to_optional_array(self.v_proj.bias),
             bo=to_optional_array(self.out_proj.bias),
+            rope=rope,
+            alibi=self.alibi,
         )
