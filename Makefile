@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/attnlab explain --out $(DEMO_DIR)
-	@echo "demo outputs (heatmap.png, heatmap.svg, trace.json, trace.md) are in $(DEMO_DIR)/"
+	$(BIN)/attnlab explain --out $(DEMO_DIR)/explain
+	$(BIN)/attnlab inspect --out $(DEMO_DIR)/inspect
+	@echo "demo outputs are in $(DEMO_DIR)/: explain/ (seed 000's example: heatmap.png, heatmap.svg,"
+	@echo "trace.json, trace.md) and inspect/ (all-MiniLM-L6-v2: grid.png, head.png, view.html,"
+	@echo "diagnostics.json)"
 
 test: setup
 	$(BIN)/python -m pytest -q

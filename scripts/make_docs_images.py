@@ -1,0 +1,56 @@
+"""Regenerate the README's pictures from the real model (all-MiniLM-L6-v2).
+
+    .venv/bin/python scripts/make_docs_images.py
+
+Writes docs/heatmap-grid.png (every layer × head for one sentence), docs/explain.png
+(seed 000's example, 2 heads, Chinese labels) and docs/viewer.png (a screenshot of
+the interactive viewer in headless Chromium, a token hovered).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+TEXT = "The animal didn't cross the street because it was too tired."
+CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def main() -> None:
+    attnlab = [sys.executable, "-m", "attnlab"]
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([*attnlab, "inspect", TEXT, "--out", tmp], check=True,
+                       stdout=subprocess.DEVNULL)
+        (DOCS / "heatmap-grid.png").write_bytes((Path(tmp) / "grid.png").read_bytes())
+        explain_dir = Path(tmp) / "explain"
+        subprocess.run([*attnlab, "explain", "--tokens", "小明 去了 学校", "--heads", "2",
+                        "--lang", "zh", "--out", str(explain_dir)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        (DOCS / "explain.png").write_bytes((explain_dir / "heatmap.png").read_bytes())
+        shoot(Path(tmp) / "view.html", DOCS / "viewer.png")
+
+
+def shoot(page_path: Path, target: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 760})
+        page.goto(page_path.as_uri())
+        page.wait_for_selector('#attnlab-view[data-ready="1"]')
+        page.select_option("#layer-select", index=4)  # layer 5
+        page.select_option("#head-select", index=0)
+        page.hover('.token.query[data-index="10"]')  # "it"
+        page.screenshot(path=str(target), full_page=True)
+        browser.close()
+
+
+if __name__ == "__main__":
+    main()
