@@ -96,3 +96,31 @@ def test_installed_entry_point_runs_without_traceback(tmp_path):
     bad = subprocess.run([*cmd, "explain", "--x", "oops"], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": "src"})
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--x:" in bad.stderr
+
+
+def test_core_imports_numpy_only():
+    """The core is NumPy only: torch, matplotlib and the model libraries load lazily."""
+    code = ("import sys, attnlab, attnlab.cli; "
+            "heavy = [m for m in ('torch', 'matplotlib', 'safetensors', 'tokenizers', "
+            "'transformers') if m in sys.modules]; print(heavy)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": "src"})
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+def test_missing_extra_message_names_the_extra(monkeypatch):
+    """Without matplotlib, plotting says which extra to install."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    from attnlab import viz
+
+    with pytest.raises(ImportError, match=r"pip install 'attnlab\[viz\]'"):
+        viz.plot_attention(np.eye(2))

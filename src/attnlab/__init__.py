@@ -12,11 +12,21 @@ through ``bias``. See :mod:`attnlab.masks` to convert the seeds' 0/1 masks.
 from .attention import scaled_dot_product_attention, self_attention, softmax
 from .errors import AttnlabError, ShapeError
 from .explain import explain, token_embeddings
+from .grad import layer_norm_backward, mha_backward, sdpa_backward, softmax_backward
 from .init import init_qkv, init_weight, xavier_normal, xavier_uniform
 from .layers import Dropout, EncoderBlock, FeedForward, LayerNorm, SelfAttentionLayer, gelu
 from .masks import causal_mask, from_blocked, from_keep, mask_to_bias, padding_mask
 from .multihead import MultiHeadAttention
-from .trace import Step, Trace
+from .positional import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    sinusoidal_encoding,
+)
+from .trace import Recorder, Step, Trace
 
 __version__ = "0.1.0"
 
@@ -26,11 +36,18 @@ __all__ = [
     "EncoderBlock",
     "FeedForward",
     "LayerNorm",
+    "LearnedPositionalEmbedding",
     "MultiHeadAttention",
+    "Recorder",
+    "RotaryEmbedding",
     "SelfAttentionLayer",
     "ShapeError",
+    "SinusoidalPositionalEncoding",
     "Step",
     "Trace",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rope",
     "causal_mask",
     "explain",
     "from_blocked",
@@ -38,11 +55,16 @@ __all__ = [
     "gelu",
     "init_qkv",
     "init_weight",
+    "layer_norm_backward",
     "mask_to_bias",
+    "mha_backward",
     "padding_mask",
     "scaled_dot_product_attention",
+    "sdpa_backward",
     "self_attention",
+    "sinusoidal_encoding",
     "softmax",
+    "softmax_backward",
     "token_embeddings",
     "xavier_normal",
     "xavier_uniform",
