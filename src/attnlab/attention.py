@@ -68,6 +68,24 @@ def softmax(x: Any, axis: int = -1) -> np.ndarray:
     return _softmax(arr, axis)
 
 
+def _softmax_inplace(scores: np.ndarray) -> np.ndarray:
+    """``_softmax`` over the last axis, reusing ``scores``' memory (which it overwrites).
+
+    The plain attention path owns its score matrix, so it can spare the two
+    temporaries of the same size that the out-of-place version allocates.
+    """
+    if scores.shape[-1] == 0:
+        return scores
+    row_max = np.max(scores, axis=-1, keepdims=True)  # (..., T, 1)
+    row_max[np.isneginf(row_max)] = 0.0  # all-masked row: avoid -inf - -inf
+    scores -= row_max
+    np.exp(scores, out=scores)
+    sums = np.sum(scores, axis=-1, keepdims=True)  # (..., T, 1)
+    sums[sums == 0.0] = 1.0  # nothing to attend to: leave the zeros
+    scores /= sums
+    return scores
+
+
 def _softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
     """Softmax without validation; -inf = excluded; an all -inf slice gives zeros."""
     row_max = np.max(scores, axis=axis, keepdims=True) if scores.shape[axis] else None
@@ -142,13 +160,17 @@ def scaled_dot_product_attention(
     q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, out_dtype = _prepare(
         q, k, v, mask, bias, is_causal, scale
     )
-    scores = q_arr @ np.swapaxes(k_arr, -1, -2)  # (..., T, S)
-    scaled = scores * np.asarray(scale_value, dtype=scores.dtype)  # (..., T, S)
+    scaled = q_arr @ np.swapaxes(k_arr, -1, -2)  # (..., T, S) scores
+    scaled *= np.asarray(scale_value, dtype=scaled.dtype)  # in place: one pass, no copy
+    extra = [a.shape for a in (bias_arr, allowed) if a is not None]
+    if extra and np.broadcast_shapes(scaled.shape, *extra) != scaled.shape:
+        # A mask/bias with more batch dims than q and k: materialise the broadcast.
+        scaled = np.array(np.broadcast_to(scaled, np.broadcast_shapes(scaled.shape, *extra)))
     if bias_arr is not None:
-        scaled = scaled + bias_arr  # (..., T, S)
+        scaled += bias_arr  # (..., T, S)
     if allowed is not None:
-        scaled = np.where(allowed, scaled, -np.inf)  # (..., T, S)
-    weights = _softmax(scaled, axis=-1)  # (..., T, S)
+        np.copyto(scaled, -np.inf, where=~allowed)  # (..., T, S) blocked -> -inf
+    weights = _softmax_inplace(scaled)  # (..., T, S)
     out = weights @ v_arr  # (..., T, Dv)
     if out_dtype != out.dtype:
         out, weights = out.astype(out_dtype), weights.astype(out_dtype)

@@ -243,7 +243,8 @@ class BertModel:
         if real.shape != ids.shape:
             raise ShapeError(f"attention_mask: expected {shape_str(ids.shape)} to match "
                              f"input_ids, got {shape_str(real.shape)}")
-        mask = real[:, None, None, :]  # (B, 1, 1, T): True = a real key, may be attended
+        # (B, 1, 1, T): True = a real key, may be attended; no padding needs no mask.
+        mask = None if real.all() else real[:, None, None, :]
         x = self.embed(ids, token_type_ids)  # (B, T, E)
         for i, layer in enumerate(self.layers):
             if recorder is not None:
