@@ -70,7 +70,7 @@ def parse_matrix(text: str) -> np.ndarray:
 
 #: Sub-commands: each module ``attnlab.cli_<name>`` has ``add_parser(sub)`` and
 #: ``run(args) -> int``. A command's heavy imports happen inside its ``run``.
-COMMANDS = ("explain", "inspect", "profile")
+COMMANDS = ("explain", "inspect", "profile", "approx")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -83,8 +83,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    parser = _build_parser()
     try:
+        parser = _build_parser()
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()

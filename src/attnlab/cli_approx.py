@@ -1,0 +1,85 @@
+"""``attnlab approx``: the approximation study (sparse and low-rank attention vs exact)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .cli import CliError
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.replace(",", " ").split())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected positive integers like '256,1024', got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected positive integers like '256,1024', got {text!r}")
+    return values
+
+
+def add_parser(sub: Any) -> None:
+    ap = sub.add_parser(
+        "approx",
+        help="measure sparse and low-rank attention against exact attention "
+             "(error, time, peak memory)",
+        description="The approximation study: sliding window, block-sparse (BigBird), "
+        "Linformer, Nyström and Performer, each at several knob values and lengths, on "
+        "near-uniform and peaked Gaussian inputs and on real MiniLM Q/K/V. Prints a table "
+        "and where each method is worse than exact attention; --out also writes approx.json "
+        "and PNG plots. Timings are best-of-N on this machine: close other work first.",
+    )
+    ap.add_argument("--quick", action="store_true",
+                    help="T = 256 and 1024, two values per knob, no T = 16,384 check "
+                         "(under a minute)")
+    ap.add_argument("--out", metavar="DIR",
+                    help="write approx.json, error_vs_time.png, error_vs_memory.png, "
+                         "time_vs_length.png and patterns.png here")
+    ap.add_argument("--lengths", type=_lengths, metavar="T,T,...",
+                    help="Gaussian-input lengths (default 256,1024,4096; quick 256,1024)")
+    ap.add_argument("--minilm-lengths", type=_lengths, metavar="T,T,...",
+                    help="MiniLM-input lengths, at most 256 (default 128,256)")
+    ap.add_argument("--no-minilm", action="store_true",
+                    help="skip the real MiniLM Q/K/V input")
+    ap.add_argument("--long", type=int, metavar="T",
+                    help="length of the causal long-sequence check (default 16384; "
+                         "0 = skip; quick skips it)")
+    ap.add_argument("--repeats", type=int, help="timed runs per measurement (default 3)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="BLAS threads, via threadpoolctl (default 1; 0 = leave unchanged)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of inputs and projections")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .approx_study import StudyConfig, format_table, run_study, save_study
+
+    changes: dict[str, Any] = {"seed": args.seed, "minilm": not args.no_minilm}
+    if args.threads < 0:
+        raise CliError(f"--threads: expected 0 (leave unchanged) or more, got {args.threads}")
+    changes["threads"] = args.threads or None
+    if args.lengths is not None:
+        changes["lengths"] = args.lengths
+    if args.minilm_lengths is not None:
+        changes["minilm_lengths"] = args.minilm_lengths
+    if args.long is not None:
+        if args.long < 0:
+            raise CliError(f"--long: expected 0 (skip) or a length, got {args.long}")
+        changes["long_length"] = args.long or None
+    if args.repeats is not None:
+        changes["repeats"] = args.repeats
+    config = StudyConfig.quick(**changes) if args.quick else StudyConfig(**changes)
+
+    def progress(line: str) -> None:
+        print(f"... {line}", file=sys.stderr, flush=True)
+
+    result = run_study(config, progress=progress)
+    print(format_table(result))
+    if args.out:
+        for path in save_study(result, args.out):
+            print(f"wrote {path}", file=sys.stderr)
+    else:
+        print("(pass --out DIR to write approx.json and the plots)", file=sys.stderr)
+    return 0

@@ -1,0 +1,480 @@
+"""Low-rank and kernel approximations of attention: Linformer, Nyström, Performer.
+
+Unlike :mod:`attnlab.sparse`, these are *approximations*: they do not equal
+softmax attention for any mask, and :mod:`attnlab.approx_study` measures by how
+much they miss it. Each is exact in one limiting case, which the tests check:
+
+- Linformer with E = F = identity (k = S) is plain attention;
+- Nyström with m = T = S landmarks is plain attention (the pseudo-inverse
+  cancels: A A⁺ A = A), up to how far the iterative pseudo-inverse converged;
+- Performer's estimate is unbiased, and its error falls like 1/√(features).
+
+Dimension legend: B batch, H heads, T query length, S key length, D head dim,
+Dv value dim; ``...`` is any number of leading (batch) dims. k (Linformer
+rows), m (Nyström landmarks) and M (Performer features) are the knobs.
+
+Mask convention: True = may attend. Only Performer takes ``key_padding``
+(..., S), True = a real key; Linformer and Nyström mix keys together before the
+softmax, so no mask applies to them exactly, and they have no causal form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .attention import _softmax, scaled_dot_product_attention
+from .errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
+from .sparse import _check_bool, _prepare_key_padding, _prepare_qkv
+
+__all__ = [
+    "linformer_projection",
+    "linformer_attention",
+    "segment_means",
+    "iterative_pinv",
+    "nystrom_attention",
+    "orthogonal_random_features",
+    "performer_features",
+    "performer_attention",
+]
+
+
+def _no_causal(causal: Any, method: str, why: str) -> None:
+    if _check_bool(causal, "causal"):
+        raise AttnlabError(f"causal: {method} has no causal form ({why}); got causal=True")
+
+
+# ------------------------------------------------------------------------ Linformer
+
+
+def linformer_projection(
+    S: int, k: int, *, kind: str = "gaussian", seed: int = 0, dtype: Any = np.float64
+) -> np.ndarray:
+    """A fixed Linformer projection: -> (k, S).
+
+    - ``kind="gaussian"``: entries N(0, 1/k) from ``seed`` (Wang et al. 2020,
+      §4: the Johnson–Lindenstrauss argument, and the usual initialisation);
+    - ``kind="pool"``: row s averages the keys of segment s (the segments of
+      :func:`segment_means`), i.e. mean pooling along the sequence, one of the
+      paper's alternative projections (§5); E K is then K's segment means.
+
+    Linformer *learns* E and F; pass learned matrices of the same shape to
+    :func:`linformer_attention` when you have them. Untrained, the Gaussian
+    projection is a poor approximation (see the study).
+
+    >>> linformer_projection(100, 8).shape
+    (8, 100)
+    >>> linformer_projection(5, 2, kind="pool").round(2).tolist()
+    [[0.5, 0.5, 0.0, 0.0, 0.0], [0.0, 0.0, 0.33, 0.33, 0.33]]
+    """
+    S = check_positive_int(S, "S")
+    k = check_positive_int(k, "k")
+    seed = check_positive_int(seed, "seed", allow_zero=True)
+    if kind == "gaussian":
+        rng = np.random.default_rng(seed)
+        return (rng.standard_normal((k, S)) / np.sqrt(k)).astype(dtype)  # (k, S)
+    if kind == "pool":
+        if k > S:
+            raise AttnlabError(f"k: expected 1..{S} segments for kind='pool', got {k}")
+        bounds = (np.arange(k + 1) * S) // k  # (k + 1,) segment edges, as segment_means
+        segment = np.searchsorted(bounds, np.arange(S), side="right") - 1  # (S,)
+        pool = (segment[None, :] == np.arange(k)[:, None]).astype(np.float64)  # (k, S)
+        return (pool / pool.sum(axis=1, keepdims=True)).astype(dtype)
+    raise AttnlabError(f"kind: expected 'gaussian' or 'pool', got {kind!r}")
+
+
+def _check_projection(E: Any, name: str, S: int, dtype: np.dtype) -> np.ndarray:
+    arr = as_float_array(E, name)
+    if arr.ndim < 2 or arr.shape[-1] != S:
+        raise ShapeError(f"{name}: expected (..., k, S) with S = {S}, got {shape_str(arr.shape)}")
+    return arr.astype(dtype, copy=False)
+
+
+def linformer_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    E: Any,
+    F: Any = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+) -> np.ndarray:
+    """Linformer attention: keys and values projected along the sequence to k rows.
+
+    Shapes:
+        q  (..., T, D)
+        k  (..., S, D)
+        v  (..., S, Dv)
+        E  (..., k, S)   projects the keys (learned, or :func:`linformer_projection`)
+        F  (..., k, S)   projects the values; None = E (the paper's shared projection)
+        -> (..., T, Dv)
+
+    Formula (Wang et al. 2020, eq. 7)::
+
+        K̄ = E K                                   (..., k, D)
+        V̄ = F V                                   (..., k, Dv)
+        out = softmax(Q K̄ᵀ · scale) V̄           (..., T, Dv)
+
+    Time O(T·k·D + k·S·D), memory O(T·k): linear in T for a fixed k. With
+    E = F = I (k = S) it is plain attention. Each projected key mixes all S
+    positions, so a query would see the future: ``causal=True`` is an error.
+
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).standard_normal((6, 4))
+    >>> bool(np.allclose(linformer_attention(x, x, x, np.eye(6)),
+    ...                  scaled_dot_product_attention(x, x, x)))
+    True
+    """
+    _no_causal(causal, "Linformer", "each of its k rows mixes all S positions, future included")
+    q_arr, k_arr, v_arr, _, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
+    S = k_arr.shape[-2]
+    E_arr = _check_projection(E, "E", S, q_arr.dtype)
+    F_arr = E_arr if F is None else _check_projection(F, "F", S, q_arr.dtype)
+    if F_arr.shape[-2] != E_arr.shape[-2]:
+        raise ShapeError(
+            f"F: expected (..., {E_arr.shape[-2]}, {S}) to match E's k = {E_arr.shape[-2]}, "
+            f"got {shape_str(F_arr.shape)}"
+        )
+    keys = E_arr @ k_arr  # (..., k, D)
+    values = F_arr @ v_arr  # (..., k, Dv)
+    out = scaled_dot_product_attention(q_arr, keys, values, scale=scale_value)  # (..., T, Dv)
+    return out.astype(out_dtype, copy=False)
+
+
+# ------------------------------------------------------------------------- Nyström
+
+
+def segment_means(x: Any, num_segments: int) -> np.ndarray:
+    """Means of m contiguous segments along the sequence: (..., n, D) -> (..., m, D).
+
+    Segment s covers rows [⌊s·n/m⌋, ⌊(s+1)·n/m⌋): when m does not divide n the
+    segments differ in length by one, and every row belongs to exactly one.
+
+    >>> segment_means(np.arange(5.0)[:, None], 2).ravel().tolist()
+    [0.5, 3.0]
+    """
+    arr = as_float_array(x, "x")
+    if arr.ndim < 2:
+        raise ShapeError(f"x: expected (..., n, D), got {shape_str(arr.shape)}")
+    n = arr.shape[-2]
+    m = check_positive_int(num_segments, "num_segments")
+    if m > n:
+        raise AttnlabError(f"num_segments: expected 1..{n} (the sequence length), got {m}")
+    bounds = (np.arange(m + 1) * n) // m  # (m + 1,) segment edges
+    sums = np.add.reduceat(arr, bounds[:-1], axis=-2)  # (..., m, D)
+    return sums / np.diff(bounds)[:, None].astype(arr.dtype)  # (..., m, D)
+
+
+def iterative_pinv(a: Any, num_iterations: int = 6) -> np.ndarray:
+    """Moore–Penrose pseudo-inverse by the iteration of Nyströmformer (Xiong et al. 2021, eq. 13).
+
+    Shapes: a (..., m, m) -> (..., m, m).
+
+    Formula::
+
+        Z₀ = aᵀ / (‖a‖₁ ‖a‖∞)                       (max column sum × max row sum)
+        Zⱼ₊₁ = ¼ Zⱼ (13 I − a Zⱼ (15 I − a Zⱼ (7 I − a Zⱼ)))
+
+    With X = a Z, each step maps the eigenvalues x of X (all in (0, 1] from Z₀
+    on) through p(x) = (13x − 15x² + 7x³ − x⁴)/4, which fixes 1 with zero first
+    and second derivative: the residual ‖I − a Z‖ on the range of a falls
+    cubically once it is below 1, while a singular value σ needs about
+    log(‖a‖₁‖a‖∞ / σ²) / log 3.25 steps to get there. The paper's 6 steps
+    suit well-conditioned landmark kernels; ill-conditioned ones need more
+    (see the tests). On a *singular* matrix more is not better: the iteration
+    reaches a⁺, then rounding errors in the null space grow ×3.25 a step until,
+    ~30 steps later, Z inverts noise. Keep the count small, as the paper does.
+
+    >>> a = np.array([[2.0, 1.0], [1.0, 3.0]])
+    >>> bool(np.allclose(iterative_pinv(a, 20), np.linalg.inv(a)))
+    True
+    """
+    arr = as_float_array(a, "a")
+    if arr.ndim < 2 or arr.shape[-1] != arr.shape[-2]:
+        raise ShapeError(f"a: expected square matrices (..., m, m), got {shape_str(arr.shape)}")
+    steps = check_positive_int(num_iterations, "num_iterations", allow_zero=True)
+    magnitude = np.abs(arr)
+    norm_1 = magnitude.sum(axis=-2).max(axis=-1)  # (...,) max column sum
+    norm_inf = magnitude.sum(axis=-1).max(axis=-1)  # (...,) max row sum
+    denominator = (norm_1 * norm_inf)[..., None, None]
+    z = np.swapaxes(arr, -1, -2) / np.where(denominator == 0, 1, denominator)  # (..., m, m)
+    identity = np.eye(arr.shape[-1], dtype=arr.dtype)  # (m, m)
+    for _ in range(steps):
+        az = arr @ z  # (..., m, m)
+        z = 0.25 * z @ (13 * identity - az @ (15 * identity - az @ (7 * identity - az)))
+    return z
+
+
+def nystrom_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    num_landmarks: int,
+    *,
+    pinv_iterations: int | None = 6,
+    causal: bool = False,
+    scale: float | None = None,
+) -> np.ndarray:
+    """Nyströmformer attention (Xiong et al. 2021) with m segment-mean landmarks.
+
+    Shapes:
+        q  (..., T, D)
+        k  (..., S, D)
+        v  (..., S, Dv)
+        num_landmarks  m, 1 ≤ m ≤ min(T, S); m need not divide T or S
+        pinv_iterations  steps of :func:`iterative_pinv` (the paper's 6), or
+                         None for the exact ``numpy.linalg.pinv`` (an SVD)
+        -> (..., T, Dv)
+
+    Formula (eq. 14; landmarks by :func:`segment_means`)::
+
+        Q̃, K̃ = segment_means(Q, m), segment_means(K, m)      (..., m, D)
+        F̃ = softmax(Q K̃ᵀ · scale)                           (..., T, m)
+        Ã = softmax(Q̃ K̃ᵀ · scale)                           (..., m, m)
+        B̃ = softmax(Q̃ Kᵀ · scale)                           (..., m, S)
+        out = F̃ · pinv(Ã) · (B̃ V)                            (..., T, Dv)
+
+    Time O((T + S)·m·D + m³), memory O((T + S)·m): linear in T for fixed m.
+    With m = T = S the landmarks are the rows themselves, F̃ = Ã = B̃ = A and
+    A·A⁺·A·V = A·V: plain attention, to the accuracy of the pseudo-inverse.
+    The landmarks average over future positions, so ``causal=True`` is an error.
+
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).standard_normal((6, 4))
+    >>> bool(np.allclose(nystrom_attention(x, x, x, 6, pinv_iterations=None),
+    ...                  scaled_dot_product_attention(x, x, x)))
+    True
+    """
+    _no_causal(causal, "Nyström attention", "its landmarks average over future positions")
+    q_arr, k_arr, v_arr, _, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
+    T, S = q_arr.shape[-2], k_arr.shape[-2]
+    m = check_positive_int(num_landmarks, "num_landmarks")
+    if m > min(T, S):
+        raise AttnlabError(f"num_landmarks: expected 1..min(T, S) = {min(T, S)}, got {m}")
+    if pinv_iterations is not None:
+        pinv_iterations = check_positive_int(pinv_iterations, "pinv_iterations")
+    scale_arr = np.asarray(scale_value, dtype=q_arr.dtype)
+    q_landmarks = segment_means(q_arr, m)  # (..., m, D)
+    k_landmarks = segment_means(k_arr, m)  # (..., m, D)
+    kernel_1 = _softmax(q_arr @ np.swapaxes(k_landmarks, -1, -2) * scale_arr)  # (..., T, m)
+    kernel_2 = _softmax(q_landmarks @ np.swapaxes(k_landmarks, -1, -2) * scale_arr)  # (.., m, m)
+    kernel_3 = _softmax(q_landmarks @ np.swapaxes(k_arr, -1, -2) * scale_arr)  # (..., m, S)
+    if pinv_iterations is None:
+        kernel_2_inv = np.linalg.pinv(kernel_2)  # (..., m, m)
+    else:
+        kernel_2_inv = iterative_pinv(kernel_2, pinv_iterations)  # (..., m, m)
+    landmark_values = kernel_3 @ v_arr  # (..., m, Dv)
+    out = kernel_1 @ (kernel_2_inv @ landmark_values)  # (..., T, Dv)
+    return out.astype(out_dtype, copy=False)
+
+
+# ----------------------------------------------------------------------- Performer
+
+
+def orthogonal_random_features(num_features: int, D: int, *, seed: int = 0) -> np.ndarray:
+    """Performer's orthogonal random projection ω: -> (M, D) float64.
+
+    Rows come in blocks of D mutually orthogonal directions (QR of a Gaussian
+    matrix; the last block is cut to fit M), each row rescaled to the length of
+    a D-dimensional Gaussian vector (chi with D degrees of freedom), so every
+    row is marginally N(0, I_D) as the unbiased estimator needs, while rows in
+    a block are orthogonal, which lowers the variance (Choromanski et al. 2021,
+    §2.4; the ``scaling=0`` option of their implementation).
+
+    >>> w = orthogonal_random_features(8, 4)
+    >>> w.shape, bool(np.allclose((w[:4] @ w[:4].T)[~np.eye(4, dtype=bool)], 0))
+    ((8, 4), True)
+    """
+    M = check_positive_int(num_features, "num_features")
+    D = check_positive_int(D, "D")
+    seed = check_positive_int(seed, "seed", allow_zero=True)
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for _ in range(-(-M // D)):
+        orthogonal, triangular = np.linalg.qr(rng.standard_normal((D, D)))  # (D, D) each
+        # QR fixes the signs of R's diagonal, which skews Q's columns (LAPACK makes the
+        # first column's first entry always negative); multiplying column i by the sign
+        # of R[i, i] makes Q Haar-distributed (Mezzadri 2007), the directions uniform.
+        orthogonal = orthogonal * np.sign(np.diag(triangular))[None, :]
+        blocks.append(orthogonal.T)  # rows orthonormal
+    directions = np.concatenate(blocks)[:M]  # (M, D)
+    lengths = np.linalg.norm(rng.standard_normal((M, D)), axis=1)  # (M,)
+    return directions * lengths[:, None]  # (M, D)
+
+
+def _check_features(projection: Any, D: int, dtype: np.dtype) -> np.ndarray:
+    arr = as_float_array(projection, "projection")
+    if arr.ndim != 2 or arr.shape[1] != D or arr.shape[0] == 0:
+        raise ShapeError(f"projection: expected (M, {D}) with M ≥ 1 to match the head dim "
+                         f"D = {D}, got {shape_str(arr.shape)}")
+    return arr.astype(dtype, copy=False)
+
+
+def _positive_features(
+    x: np.ndarray, projection: np.ndarray, axes: tuple[int, ...],
+    keep: np.ndarray | None = None,
+) -> np.ndarray:
+    """φ(x) = exp(ωx − ‖x‖²/2 − c) / √M, with c the max over ``axes`` (of kept rows).
+
+    Shapes: x (..., n, D), projection (M, D), keep (..., n) bool -> (..., n, M).
+    The constant c cancels between Performer's numerator and denominator; it
+    keeps every exponent ≤ 0, so large logits cannot overflow.
+    """
+    logits = x @ projection.T - 0.5 * np.sum(x * x, axis=-1, keepdims=True)  # (..., n, M)
+    if keep is not None:
+        logits = np.where(keep[..., None], logits, -np.inf)  # padded rows: exp(-inf) = 0
+    if logits.size:
+        top = np.max(logits, axis=axes, keepdims=True)
+        logits = logits - np.where(np.isneginf(top), 0.0, top)
+    return np.exp(logits) / np.sqrt(projection.shape[0])  # (..., n, M)
+
+
+def performer_features(
+    q: Any,
+    k: Any,
+    projection: Any,
+    *,
+    key_padding: Any = None,
+    scale: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """FAVOR+ positive random features of queries and keys: -> φ(Q) (..., T, M), φ(K) (..., S, M).
+
+    With x = q·√scale, y = k·√scale and ω ~ ``projection`` rows,
+    φ(x) = exp(ωx − ‖x‖²/2) / √M has E[φ(x)ᵀφ(y)] = exp(scale · q·k): the
+    softmax kernel, estimated with positive terms only (Choromanski et al.
+    2021, Lemma 1). As in the paper's code, each query row subtracts its own
+    max and the keys one shared max (over real keys only): constants that
+    cancel in attention and keep every exp() ≤ 1. Padded keys (``key_padding``
+    False) get φ = 0, so they add to neither the numerator nor the denominator.
+    """
+    q_arr = as_float_array(q, "q")
+    k_arr = as_float_array(k, "k")
+    if q_arr.ndim < 2 or k_arr.ndim < 2 or q_arr.shape[-1] != k_arr.shape[-1]:
+        raise ShapeError(f"q, k: expected (..., T, D) and (..., S, D) with the same D, got "
+                         f"{shape_str(q_arr.shape)} and {shape_str(k_arr.shape)}")
+    q_arr, k_arr, _, batch, scale_value, _ = _prepare_qkv(q_arr, k_arr, k_arr[..., :1], scale)
+    padding = _prepare_key_padding(key_padding, batch, k_arr.shape[-2])
+    omega = _check_features(projection, q_arr.shape[-1], q_arr.dtype)
+    root = np.asarray(np.sqrt(scale_value), dtype=q_arr.dtype)
+    phi_q = _positive_features(q_arr * root, omega, axes=(-1,))  # (..., T, M)
+    phi_k = _positive_features(k_arr * root, omega, axes=(-2, -1), keep=padding)  # (..., S, M)
+    return phi_q, phi_k
+
+
+def _performer_chunk() -> int:
+    return 128
+
+
+def performer_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    num_features: int | None = None,
+    *,
+    projection: Any = None,
+    seed: int = 0,
+    causal: bool = False,
+    key_padding: Any = None,
+    scale: float | None = None,
+) -> np.ndarray:
+    """Performer (FAVOR+) attention: softmax attention estimated with M positive random features.
+
+    Shapes:
+        q             (..., T, D)
+        k             (..., S, D)
+        v             (..., S, Dv)
+        num_features  M: draw ω with :func:`orthogonal_random_features` (M, D, seed)
+        projection    (M, D): use this ω instead (give one of the two)
+        causal        query i attends to keys j ≤ S - T + i (bottom-right aligned)
+        key_padding   (..., S) bool, True = a real key (or None)
+        ->            (..., T, Dv)
+
+    Equivalent to the plain computation (which builds a T × S matrix)::
+
+        phi_q, phi_k = performer_features(q, k, ω, key_padding=key_padding, scale=scale)
+        kernel = phi_q @ phi_kᵀ                                 (..., T, S)
+        if causal:
+            kernel = where(causal_mask(T, S), kernel, 0)
+        out = (kernel @ v) / kernel.sum(-1, keepdims=True)      (..., T, Dv)
+
+    Non-causal: out = φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1), time O((T + S)·M·Dv).
+    Causal: the same with prefix sums of φ(k)vᵀ and φ(k), carried from chunk to
+    chunk of 128 queries (inside a chunk, a masked 128 × 128 product), so memory
+    stays O(M·Dv + 128²) instead of the O(S·M·Dv) of explicit prefix sums.
+
+    A row whose normaliser is 0 (no real key, or every product underflowed)
+    gets output 0, the library's rule for a row with nothing to attend to.
+
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).standard_normal((6, 4))
+    >>> performer_attention(x, x, x, 16, causal=True).shape
+    (6, 4)
+    """
+    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
+    D = q_arr.shape[-1]
+    causal = _check_bool(causal, "causal")
+    if (num_features is None) == (projection is None):
+        raise AttnlabError(
+            "num_features, projection: expected exactly one of them (a feature count to "
+            f"draw ω from seed, or ω itself), got num_features={num_features!r} and "
+            f"projection={'None' if projection is None else 'an array'}"
+        )
+    if D == 0:
+        raise ShapeError(f"q: expected a head dim D ≥ 1 for random features, got "
+                         f"{shape_str(q_arr.shape)}")
+    omega = (orthogonal_random_features(num_features, D, seed=seed)
+             if num_features is not None else projection)
+    phi_q, phi_k = performer_features(q_arr, k_arr, omega, key_padding=key_padding,
+                                      scale=scale_value)  # (..., T, M), (..., S, M)
+    phi_q = np.broadcast_to(phi_q, (*batch, *phi_q.shape[-2:]))
+    if not causal:
+        kv = np.swapaxes(phi_k, -1, -2) @ v_arr  # (..., M, Dv)
+        numerator = phi_q @ kv  # (..., T, Dv)
+        denominator = phi_q @ np.sum(phi_k, axis=-2)[..., :, None]  # (..., T, 1)
+    else:
+        numerator, denominator = _causal_linear_attention(phi_q, phi_k, v_arr, batch)
+    out = numerator / np.where(denominator == 0, 1, denominator)  # (..., T, Dv)
+    return out.astype(out_dtype, copy=False)
+
+
+def _causal_linear_attention(
+    phi_q: np.ndarray, phi_k: np.ndarray, v: np.ndarray, batch: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Causal numerator (..., T, Dv) and denominator (..., T, 1) by chunked prefix sums.
+
+    Query i (position S - T + i) sees keys j ≤ S - T + i. Keys before a chunk's
+    first query are folded into the running state (Σ φ(k)vᵀ, Σ φ(k)); keys
+    inside the chunk's span go through a small masked product.
+    """
+    T, M = phi_q.shape[-2:]
+    S, Dv = v.shape[-2], v.shape[-1]
+    dtype = phi_q.dtype
+    state_kv = np.zeros((*batch, M, Dv), dtype=dtype)  # (..., M, Dv) Σ φ(k_j) v_jᵀ
+    state_k = np.zeros((*batch, M, 1), dtype=dtype)  # (..., M, 1) Σ φ(k_j)
+    numerator = np.zeros((*batch, T, Dv), dtype=dtype)  # (..., T, Dv)
+    denominator = np.zeros((*batch, T, 1), dtype=dtype)  # (..., T, 1)
+    offset, folded = S - T, 0  # keys [0, folded) are in the state
+    chunk = _performer_chunk()
+    for start in range(0, T, chunk):
+        stop = min(T, start + chunk)
+        first, last = start + offset, stop - 1 + offset  # positions of the chunk's queries
+        upto = min(max(first, 0), S)
+        if upto > folded:
+            phi_new = phi_k[..., folded:upto, :]  # (..., n, M)
+            state_kv = state_kv + np.swapaxes(phi_new, -1, -2) @ v[..., folded:upto, :]
+            state_k = state_k + np.sum(phi_new, axis=-2)[..., :, None]
+            folded = upto
+        rows = phi_q[..., start:stop, :]  # (..., c, M)
+        numerator[..., start:stop, :] = rows @ state_kv
+        denominator[..., start:stop, :] = rows @ state_k
+        end = min(max(last + 1, 0), S)  # keys [folded, end) lie inside the chunk's span
+        if end > folded:
+            local = rows @ np.swapaxes(phi_k[..., folded:end, :], -1, -2)  # (..., c, n)
+            key_pos = np.arange(folded, end)
+            query_pos = np.arange(first, last + 1)
+            local = np.where(key_pos[None, :] <= query_pos[:, None], local, 0)  # (..., c, n)
+            numerator[..., start:stop, :] += local @ v[..., folded:end, :]
+            denominator[..., start:stop, :] += np.sum(local, axis=-1, keepdims=True)
+    return numerator, denominator
