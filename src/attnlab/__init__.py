@@ -15,6 +15,7 @@ from .explain import explain, token_embeddings
 from .grad import layer_norm_backward, mha_backward, sdpa_backward, softmax_backward
 from .init import init_qkv, init_weight, xavier_normal, xavier_uniform
 from .layers import Dropout, EncoderBlock, FeedForward, LayerNorm, SelfAttentionLayer, gelu
+from .lowrank import linformer_attention, nystrom_attention, performer_attention
 from .masks import causal_mask, from_blocked, from_keep, mask_to_bias, padding_mask
 from .multihead import MultiHeadAttention
 from .positional import (
@@ -25,6 +26,12 @@ from .positional import (
     alibi_slopes,
     apply_rope,
     sinusoidal_encoding,
+)
+from .sparse import (
+    block_sparse_attention,
+    block_sparse_mask,
+    sliding_window_attention,
+    sliding_window_mask,
 )
 from .trace import Recorder, Step, Trace
 
@@ -48,6 +55,8 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "block_sparse_attention",
+    "block_sparse_mask",
     "causal_mask",
     "explain",
     "from_blocked",
@@ -56,13 +65,18 @@ __all__ = [
     "init_qkv",
     "init_weight",
     "layer_norm_backward",
+    "linformer_attention",
     "mask_to_bias",
     "mha_backward",
+    "nystrom_attention",
     "padding_mask",
+    "performer_attention",
     "scaled_dot_product_attention",
     "sdpa_backward",
     "self_attention",
     "sinusoidal_encoding",
+    "sliding_window_attention",
+    "sliding_window_mask",
     "softmax",
     "softmax_backward",
     "token_embeddings",
