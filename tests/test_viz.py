@@ -21,7 +21,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from attnlab import viz  # noqa: E402
+from attnlab import fonts, viz  # noqa: E402
 from attnlab.errors import AttnlabError, ShapeError  # noqa: E402
 from attnlab.viz import (  # noqa: E402
     CJK_FONT_ENV,
@@ -123,7 +123,7 @@ def test_chinese_heatmap_saves_png_and_svg_without_missing_glyphs(tmp_path: Path
 
 
 def test_no_cjk_font_warns_with_instructions(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(viz, "find_cjk_font", lambda: None)
+    monkeypatch.setattr(fonts, "find_cjk_font", lambda: None)
     with font_context() as families:
         assert families == ["DejaVu Sans"]
     with pytest.warns(MissingCJKFontWarning, match="apt-get install fonts-noto-cjk") as record:
@@ -162,13 +162,13 @@ def test_fonts_missing_from_matplotlibs_cache_are_found(monkeypatch: pytest.Monk
     latin_only = [e for e in manager.ttflist if "DejaVu" in e.name]
     monkeypatch.setattr(manager, "ttflist", list(latin_only))
     monkeypatch.delenv(CJK_FONT_ENV, raising=False)
-    viz._find_cjk_font_cached.cache_clear()
+    fonts._find_cjk_font_cached.cache_clear()
     try:
         family = find_cjk_font()
         assert family is not None
         assert len(manager.ttflist) > len(latin_only)  # registered so the name resolves
     finally:
-        viz._find_cjk_font_cached.cache_clear()
+        fonts._find_cjk_font_cached.cache_clear()
 
 
 # ------------------------------------------------------------ plot_attention
