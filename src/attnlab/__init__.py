@@ -10,10 +10,13 @@ through ``bias``. See :mod:`attnlab.masks` to convert the seeds' 0/1 masks.
 """
 
 from .attention import scaled_dot_product_attention, self_attention, softmax
+from .decoder import DecoderConfig, TinyDecoder
 from .errors import AttnlabError, ShapeError
 from .explain import explain, token_embeddings
+from .flash import FlashStats, flash_attention, flash_attention_backward, merge_partials
 from .grad import layer_norm_backward, mha_backward, sdpa_backward, softmax_backward
 from .init import init_qkv, init_weight, xavier_normal, xavier_uniform
+from .kv_cache import KVCache, SlidingWindowKVCache
 from .layers import Dropout, EncoderBlock, FeedForward, LayerNorm, SelfAttentionLayer, gelu
 from .lowrank import linformer_attention, nystrom_attention, performer_attention
 from .masks import causal_mask, from_blocked, from_keep, mask_to_bias, padding_mask
@@ -39,9 +42,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttnlabError",
+    "DecoderConfig",
     "Dropout",
     "EncoderBlock",
     "FeedForward",
+    "FlashStats",
+    "KVCache",
     "LayerNorm",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
@@ -49,8 +55,10 @@ __all__ = [
     "RotaryEmbedding",
     "SelfAttentionLayer",
     "ShapeError",
+    "SlidingWindowKVCache",
     "SinusoidalPositionalEncoding",
     "Step",
+    "TinyDecoder",
     "Trace",
     "alibi_bias",
     "alibi_slopes",
@@ -59,6 +67,8 @@ __all__ = [
     "block_sparse_mask",
     "causal_mask",
     "explain",
+    "flash_attention",
+    "flash_attention_backward",
     "from_blocked",
     "from_keep",
     "gelu",
@@ -67,6 +77,7 @@ __all__ = [
     "layer_norm_backward",
     "linformer_attention",
     "mask_to_bias",
+    "merge_partials",
     "mha_backward",
     "nystrom_attention",
     "padding_mask",

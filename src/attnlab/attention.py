@@ -178,11 +178,18 @@ def scaled_dot_product_attention(
 
 
 def _prepare(
-    q: Any, k: Any, v: Any, mask: Any, bias: Any, is_causal: bool, scale: float | None
+    q: Any, k: Any, v: Any, mask: Any, bias: Any, is_causal: bool, scale: float | None,
+    *, tiled: bool = False,
 ) -> tuple[
     np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, float, np.dtype
 ]:
-    """Validate and convert the inputs of attention; shared by the plain and fast paths."""
+    """Validate and convert the inputs of attention; shared by the plain and fast paths.
+
+    Returns q, k, v (one float dtype), the allowed mask (``mask`` and, unless
+    ``tiled``, the dense causal mask; None if neither), bias, the scale and the
+    output dtype. ``tiled=True`` is for paths that never build the (T, S) score
+    matrix (flash): no MAX_SCORE_ELEMENTS refusal, and causality is left to them.
+    """
     all_half = all(getattr(a, "dtype", None) == np.float16 for a in (q, k, v))
     q_arr = as_float_array(q, "q")
     k_arr = as_float_array(k, "k")
@@ -209,12 +216,12 @@ def _prepare(
         ) from None
     score_shape = (*batch, T, S)
     n_scores = int(np.prod(score_shape, dtype=np.int64))
-    if n_scores > MAX_SCORE_ELEMENTS:
+    if not tiled and n_scores > MAX_SCORE_ELEMENTS:
         raise AttnlabError(
             f"q, k: the score matrix {shape_str(score_shape)} would hold {n_scores:,} elements, "
             f"more than the plain path's limit of {MAX_SCORE_ELEMENTS:,} "
-            "(attnlab.attention.MAX_SCORE_ELEMENTS); use a tiled (flash) attention for "
-            "sequences this long"
+            "(attnlab.attention.MAX_SCORE_ELEMENTS); attnlab.flash_attention computes this "
+            "tile by tile in O(T + S) memory"
         )
 
     dtype = np.result_type(q_arr, k_arr, v_arr)
@@ -236,7 +243,7 @@ def _prepare(
     if mask is not None:
         allowed = as_bool_mask(mask, "mask")
         check_broadcastable(allowed.shape, score_shape, "mask", "(..., T, S)")
-    if is_causal:
+    if is_causal and not tiled:
         causal = causal_mask(T, S)  # (T, S)
         allowed = causal if allowed is None else (allowed & causal)
 

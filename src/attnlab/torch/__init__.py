@@ -37,6 +37,7 @@ except ImportError:
 
 from .attention import causal_mask, scaled_dot_product_attention, softmax
 from .convert import from_numpy, from_torch_multihead, to_numpy, to_torch_multihead
+from .kv_cache import KVCache, SlidingWindowKVCache, sliding_window_mask
 from .layers import LayerNorm, SelfAttentionLayer
 from .multihead import MultiHeadAttention
 from .positional import (
@@ -49,10 +50,12 @@ from .positional import (
 )
 
 __all__ = [
+    "KVCache",
     "LayerNorm",
     "MultiHeadAttention",
     "PositionalEncoding",
     "SelfAttentionLayer",
+    "SlidingWindowKVCache",
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
@@ -62,6 +65,7 @@ __all__ = [
     "rope_angles",
     "scaled_dot_product_attention",
     "sinusoidal_encoding",
+    "sliding_window_mask",
     "softmax",
     "to_numpy",
     "to_torch_multihead",

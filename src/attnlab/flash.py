@@ -1,0 +1,477 @@
+"""Memory-efficient ("flash") attention in NumPy: tiled, with an online softmax.
+
+The plain path (:func:`attnlab.scaled_dot_product_attention`) builds the whole
+(..., T, S) score matrix: 16 GiB for one head at T = S = 65,536 in float32.
+This module computes the same result one (block_q × block_k) tile at a time,
+keeping per query only a running maximum ``m``, a running sum ``l`` and an
+unnormalised output ``acc`` (Milakov & Gimelshein 2018; Dao et al.,
+FlashAttention, 2022, and FlashAttention-2, 2023)::
+
+    for each key block j:                         s = q kⱼᵀ · scale + bias   (bq, bk)
+        m_new = max(m, rowmax(s))
+        p     = exp(s - m_new)                    masked entries -> 0
+        l     = l · exp(m - m_new) + rowsum(p)
+        acc   = acc · exp(m - m_new) + p vⱼ
+    out = acc / l,   lse = m + log l
+
+(Here the exponent's reference moves only when a row's running max leaves
+±20, rather than on every tile: see ``_WINDOW``.) Extra memory is the
+(..., T, Dv) output, one copy of v and a few tiles, O(T·Dv + S·Dv +
+block_q·block_k) per batch-head, instead of O(T·S). Tiles that the causal mask
+(or a ``mask`` whose slice is all False) removes entirely are skipped.
+
+Dimension legend: B batch, H heads, T query length, S key length, D head dim,
+Dv value dim. ``...`` is any number of leading batch dims, which broadcast.
+
+Mask convention (the only one in attnlab): ``mask`` is boolean and
+**True = may attend**; additive values go through ``bias``. ``is_causal`` is
+bottom-right aligned: query i sits at absolute position S - T + i. A query
+with nothing to attend to gets output 0 (never NaN) and log-sum-exp -inf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, overload
+
+import numpy as np
+
+from .attention import _prepare
+from .errors import (
+    AttnlabError,
+    ShapeError,
+    as_float_array,
+    check_ndim,
+    check_positive_int,
+    shape_str,
+)
+from .grad import _sum_to_shape, _upstream
+
+__all__ = [
+    "DEFAULT_BLOCK_K",
+    "DEFAULT_BLOCK_Q",
+    "FlashStats",
+    "flash_attention",
+    "flash_attention_backward",
+    "merge_partials",
+]
+
+#: Default tile sizes, measured on CPU (benchmarks/bench_flash.py --blocks, 8 heads,
+#: T = S = 4096, D = 64): tiles from 128x128 to 512x512 were within ~10% of each
+#: other, 256x512 at or near the top with 1 and 2 threads. Large enough that each
+#: tile's matmul runs near BLAS speed and the Python loop costs little (128
+#: tiles there), small enough that a tile of scores for 8 heads (4 MiB in
+#: float32) stays in the last-level cache.
+DEFAULT_BLOCK_Q = 256
+DEFAULT_BLOCK_K = 512
+
+#: exp is taken of (score - ref), with ref a per-row reference moved only when the
+#: running max leaves ±_WINDOW. Usual scores never move it, which saves a pass
+#: over every tile (subtracting the max); e^20 of headroom cannot overflow a sum
+#: of S terms in float32 (3.4e38) for any realistic S and |v|, and the row's
+#: largest term e^(m - ref) ≥ e^-20 stays a normal float.
+_WINDOW = 20.0
+
+_LSE_DTYPE = np.dtype(np.float64)  # see flash_attention's docstring
+
+
+@dataclass
+class FlashStats:
+    """Counts of (query block, key block) tiles, filled in when passed as ``stats=``.
+
+    A tile covers every batch-head at once; ``skipped`` tiles were removed
+    entirely by the causal mask or by an all-False ``mask`` slice and cost
+    nothing. The counts add up over calls, so one object can follow a forward
+    and a backward together.
+    """
+
+    computed: int = 0
+    skipped: int = 0
+
+
+@overload
+def flash_attention(
+    q: Any, k: Any, v: Any, mask: Any = ..., *, bias: Any = ..., is_causal: bool = ...,
+    scale: float | None = ..., block_q: int = ..., block_k: int = ...,
+    return_lse: Literal[False] = ..., stats: FlashStats | None = ...,
+) -> np.ndarray: ...
+@overload
+def flash_attention(
+    q: Any, k: Any, v: Any, mask: Any = ..., *, bias: Any = ..., is_causal: bool = ...,
+    scale: float | None = ..., block_q: int = ..., block_k: int = ...,
+    return_lse: Literal[True], stats: FlashStats | None = ...,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def flash_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any = None,
+    *,
+    bias: Any = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_k: int = DEFAULT_BLOCK_K,
+    return_lse: bool = False,
+    stats: FlashStats | None = None,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Scaled dot-product attention computed tile by tile, never holding the (T, S) matrix.
+
+    Shapes:
+        q    (..., T, D)      queries
+        k    (..., S, D)      keys
+        v    (..., S, Dv)     values
+        mask bool, broadcastable to (..., T, S); True = may attend
+        bias float, broadcastable to (..., T, S); added to the scaled scores (-inf allowed)
+        ->   out (..., T, Dv), and lse (..., T) if ``return_lse``
+
+    Accepts exactly the inputs of :func:`attnlab.scaled_dot_product_attention`
+    (same broadcasting, bottom-right ``is_causal``, dtype rules, errors) and
+    returns the same numbers up to rounding. Efficient implementation equivalent
+    to the following::
+
+        scaled  = q @ kᵀ * scale + bias, -inf where not allowed    (..., T, S)
+        out     = scaled_dot_product_attention(q, k, v, mask, bias=bias,
+                                               is_causal=is_causal, scale=scale)
+        lse     = log(Σ_S exp(scaled))                              (..., T)
+
+    ``lse`` (log-sum-exp of each query's scaled scores; -inf for a query with
+    nothing to attend to) is what is needed to combine attention over disjoint
+    key sets, e.g. key shards in ring attention: see :func:`merge_partials`.
+    It is also what :func:`flash_attention_backward` recomputes the weights
+    from. It is always float64: with seed 000's ``-1e9`` fill, a fully "masked"
+    row has lse = -1e9 + log S, whose fractional part float32 cannot hold (its
+    spacing at 1e9 is 64), and the weights rebuilt from it would be S× too large.
+
+    ``block_q`` × ``block_k`` is the tile: the most scores held at once per
+    batch-head. All leading (batch, head) dims go through each tile's matmul
+    together. ``stats``, if given, counts computed and skipped tiles.
+
+    Memory beyond the output: a copy of v (with a column of ones, which gives
+    the softmax sums in the same matmul) and a few tiles, O(S·Dv + block_q·block_k)
+    per batch-head.
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((2, 3, 100, 8))  # (B, H, T, D)
+    >>> k, v = rng.standard_normal((2, 3, 70, 8)), rng.standard_normal((2, 3, 70, 5))
+    >>> from attnlab import scaled_dot_product_attention
+    >>> out = flash_attention(q, k, v, is_causal=True, block_q=32, block_k=16)
+    >>> out.shape, bool(np.allclose(out, scaled_dot_product_attention(q, k, v, is_causal=True)))
+    ((2, 3, 100, 5), True)
+    """
+    q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, out_dtype = _prepare(
+        q, k, v, mask, bias, is_causal, scale, tiled=True
+    )
+    block_q = check_positive_int(block_q, "block_q")
+    block_k = check_positive_int(block_k, "block_k")
+    dtype = q_arr.dtype
+    T, D, S, Dv = *q_arr.shape[-2:], k_arr.shape[-2], v_arr.shape[-1]
+    batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
+    tiles = _Tiles(T, S, allowed, bias_arr, bool(is_causal))
+
+    scale_typed = dtype.type(scale_value)
+    q_full = np.broadcast_to(q_arr, (*batch, T, D))  # (..., T, D) a view: tiles get all batch dims
+    k_t = np.swapaxes(k_arr, -1, -2)  # (..., D, S)
+    # v with a column of ones: p @ [v, 1] gives p v and the row sums of p in one matmul.
+    v_ones = np.concatenate(
+        [v_arr, np.ones((*v_arr.shape[:-1], 1), dtype=dtype)], axis=-1
+    )  # (..., S, Dv + 1)
+    out = np.empty((*batch, T, Dv), dtype=dtype)  # (..., T, Dv)
+    lse = np.empty((*batch, T), dtype=_LSE_DTYPE)  # (..., T)
+
+    for q0 in range(0, T, block_q):
+        q1 = min(q0 + block_q, T)
+        q_blk = q_full[..., q0:q1, :] * scale_typed  # (..., bq, D) scale folded into q
+        # exp is taken of (score - ref), ref a per-row reference (0 until a row
+        # needs another); row_max = running max - ref is kept within ±_WINDOW.
+        ref: np.ndarray | None = None  # (..., bq, 1); None = all zeros
+        row_max = np.full((*batch, q1 - q0, 1), -np.inf, dtype=dtype)  # (..., bq, 1)
+        acc = np.zeros((*batch, q1 - q0, Dv + 1), dtype=dtype)  # (..., bq, Dv + 1) [Σ p v, Σ p]
+        for k0 in range(0, S, block_k):
+            k1 = min(k0 + block_k, S)
+            blocked = tiles.blocked(q0, q1, k0, k1, stats)
+            if blocked is _SKIP:
+                continue
+            scores = np.matmul(q_blk, k_t[..., k0:k1])  # (..., bq, bk)
+            tiles.add_bias(scores, q0, q1, k0, k1)
+            if blocked is not None:
+                np.copyto(scores, -np.inf, where=blocked)
+            if ref is not None:
+                scores -= ref
+            np.maximum(row_max, scores.max(axis=-1, keepdims=True), out=row_max)
+            moved = (row_max > _WINDOW) | ((row_max < -_WINDOW) & (row_max != -np.inf))
+            if moved.any():
+                ref = _recentre(scores, acc, row_max, moved, ref)
+            np.exp(scores, out=scores)  # (..., bq, bk) unnormalised weights p
+            acc += np.matmul(scores, v_ones[..., k0:k1, :])  # (..., bq, Dv + 1)
+        row_sum = acc[..., Dv:]  # (..., bq, 1)
+        # Rows with nothing to attend to have Σ p = 0 (and Σ p v = 0): divide by 1 to give 0.
+        empty = row_sum == 0.0  # (..., bq, 1)
+        safe_sum = np.where(empty, 1.0, row_sum).astype(dtype, copy=False)  # (..., bq, 1)
+        np.divide(acc[..., :Dv], safe_sum, out=out[..., q0:q1, :])
+        log_sum = np.log(safe_sum.astype(np.float64))  # (..., bq, 1)
+        if ref is not None:
+            log_sum += ref
+        lse[..., q0:q1] = np.where(empty, -np.inf, log_sum)[..., 0]
+
+    out = out.astype(out_dtype, copy=False)
+    return (out, lse) if return_lse else out
+
+
+def flash_attention_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    dout: Any,
+    mask: Any = None,
+    *,
+    bias: Any = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_k: int = DEFAULT_BLOCK_K,
+    stats: FlashStats | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of :func:`flash_attention`, recomputing each tile's weights from ``lse``.
+
+    Shapes:
+        q, k, v, mask, bias   as in the forward
+        out   (..., T, Dv)    the forward's output
+        lse   (..., T)        the forward's log-sum-exp (``return_lse=True``)
+        dout  (..., T, Dv)    ∂L/∂out
+        ->    dq (..., T, D), dk (..., S, D), dv (..., S, Dv), each summed to
+              its input's shape over broadcast dims (autograd's rule)
+
+    No (T, S) matrix is stored: as in FlashAttention-2, each tile's weights are
+    rebuilt from the scores and ``lse``. Equivalent to the plain backward
+    :func:`attnlab.grad.sdpa_backward` (``dbias`` is not computed: bias is
+    treated as a constant)::
+
+        P     = exp(q kᵀ · scale + bias - lse), 0 where not allowed     (..., T, S)
+        δ     = Σ_Dv dout ⊙ out                                         (..., T)
+        dv    = Pᵀ dout                                                 (..., S, Dv)
+        dz    = P ⊙ (dout vᵀ − δ)                                       (..., T, S)
+        dq    = dz k · scale,   dk = dzᵀ q · scale
+
+    (δ = Σ_S P ⊙ dP, the softmax-backward row sum, computed from ``out`` in
+    O(T·Dv) instead of from the weights.) Rows with nothing to attend to
+    (lse = -inf) pass no gradient.
+    """
+    q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, out_dtype = _prepare(
+        q, k, v, mask, bias, is_causal, scale, tiled=True
+    )
+    block_q = check_positive_int(block_q, "block_q")
+    block_k = check_positive_int(block_k, "block_k")
+    dtype = q_arr.dtype
+    T, D, S, Dv = *q_arr.shape[-2:], k_arr.shape[-2], v_arr.shape[-1]
+    batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
+    tiles = _Tiles(T, S, allowed, bias_arr, bool(is_causal))
+    out_arr = _as_forward(out, "out", (*batch, T, Dv), "(..., T, Dv)", dtype)
+    lse_arr = _as_forward(lse, "lse", (*batch, T), "(..., T)", _LSE_DTYPE, allow_neginf=True)
+    dout_arr = _upstream(dout, (*batch, T, Dv), "(..., T, Dv)", dtype)
+
+    # A row with lse = -inf has P = 0 everywhere: subtracting +inf instead gives
+    # exp(s - inf) = 0 without ever forming -inf - (-inf). The float64 lse is
+    # subtracted as two parts in the compute dtype, high then low, so that a
+    # huge lse keeps its fractional part without a float64 pass over each tile.
+    lse_shift = np.where(lse_arr == -np.inf, np.inf, lse_arr)[..., None]  # (..., T, 1)
+    lse_high = lse_shift.astype(dtype)  # (..., T, 1)
+    with np.errstate(invalid="ignore"):  # inf - inf in the empty rows, set to 0 below
+        lse_low = (lse_shift - lse_high).astype(dtype)  # (..., T, 1)
+    lse_low[np.isinf(lse_shift)] = 0.0
+    delta = np.sum(dout_arr * out_arr, axis=-1, keepdims=True)  # (..., T, 1)
+    scale_typed = dtype.type(scale_value)
+    q_full = np.broadcast_to(q_arr, (*batch, T, D))  # (..., T, D) a view
+    k_t = np.swapaxes(k_arr, -1, -2)  # (..., D, S)
+    v_t = np.swapaxes(v_arr, -1, -2)  # (..., Dv, S)
+    dq = np.zeros((*batch, T, D), dtype=dtype)  # (..., T, D), in units of dz k
+    dk = np.zeros((*batch, S, D), dtype=dtype)  # (..., S, D), in units of dzᵀ q
+    dv = np.zeros((*batch, S, Dv), dtype=dtype)  # (..., S, Dv)
+
+    for k0 in range(0, S, block_k):
+        k1 = min(k0 + block_k, S)
+        dk_blk, dv_blk = dk[..., k0:k1, :], dv[..., k0:k1, :]  # views, accumulated in place
+        for q0 in range(0, T, block_q):
+            q1 = min(q0 + block_q, T)
+            blocked = tiles.blocked(q0, q1, k0, k1, stats)
+            if blocked is _SKIP:
+                continue
+            q_blk = q_full[..., q0:q1, :]  # (..., bq, D)
+            weights = np.matmul(q_blk * scale_typed, k_t[..., k0:k1])  # (..., bq, bk)
+            tiles.add_bias(weights, q0, q1, k0, k1)
+            if blocked is not None:
+                np.copyto(weights, -np.inf, where=blocked)
+            weights -= lse_high[..., q0:q1, :]
+            weights -= lse_low[..., q0:q1, :]
+            np.exp(weights, out=weights)  # (..., bq, bk) P, recomputed
+            dout_blk = dout_arr[..., q0:q1, :]  # (..., bq, Dv)
+            dv_blk += np.matmul(np.swapaxes(weights, -1, -2), dout_blk)  # (..., bk, Dv)
+            dscores = np.matmul(dout_blk, v_t[..., k0:k1])  # (..., bq, bk) dP
+            dscores -= delta[..., q0:q1, :]
+            dscores *= weights  # (..., bq, bk) dz
+            dq[..., q0:q1, :] += np.matmul(dscores, k_arr[..., k0:k1, :])  # (..., bq, D)
+            dk_blk += np.matmul(np.swapaxes(dscores, -1, -2), q_blk)  # (..., bk, D)
+    dq *= scale_typed
+    dk *= scale_typed
+    return (
+        _sum_to_shape(dq, q_arr.shape).astype(out_dtype, copy=False),
+        _sum_to_shape(dk, k_arr.shape).astype(out_dtype, copy=False),
+        _sum_to_shape(dv, v_arr.shape).astype(out_dtype, copy=False),
+    )
+
+
+def merge_partials(
+    out1: Any, lse1: Any, out2: Any, lse2: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """Combine attention over two disjoint key sets into attention over their union.
+
+    Shapes: out1, out2 (..., T, Dv), lse1, lse2 (..., T) -> out (..., T, Dv), lse (..., T)
+    (lse in float64, as :func:`flash_attention` returns it).
+
+    If ``out1, lse1 = flash_attention(q, k[..., :S1, :], v[..., :S1, :], return_lse=True)``
+    and ``out2, lse2`` the same over keys [S1:S] (masks and bias sliced alike),
+    the result equals ``flash_attention(q, k, v, return_lse=True)``. Each part's
+    weights were normalised by its own Σ exp = exp(lse), so::
+
+        lse = log(exp(lse1) + exp(lse2))
+        out = exp(lse1 - lse) · out1 + exp(lse2 - lse) · out2
+
+    A side with no allowed key (lse = -inf) contributes nothing; if neither has
+    one the result is out 0, lse -inf.
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((4, 8))  # (T, D)
+    >>> k, v = rng.standard_normal((10, 8)), rng.standard_normal((10, 3))  # (S, D), (S, Dv)
+    >>> left = flash_attention(q, k[:6], v[:6], return_lse=True)
+    >>> right = flash_attention(q, k[6:], v[6:], return_lse=True)
+    >>> out, lse = merge_partials(*left, *right)
+    >>> bool(np.allclose(out, flash_attention(q, k, v)))
+    True
+    """
+    o1 = as_float_array(out1, "out1")
+    check_ndim(o1, "out1", 2, "(..., T, Dv)")
+    o2 = as_float_array(out2, "out2")
+    if o2.shape != o1.shape:
+        raise ShapeError(
+            f"out2: expected the shape of out1 (..., T, Dv) = {shape_str(o1.shape)}, "
+            f"got {shape_str(o2.shape)}"
+        )
+    dtype = np.result_type(o1, o2)
+    l1, l2 = (
+        _as_forward(lse, name, o1.shape[:-1], "(..., T)", _LSE_DTYPE, allow_neginf=True)
+        for name, lse in (("lse1", lse1), ("lse2", lse2))
+    )
+    lse = np.logaddexp(l1, l2)  # (..., T)
+    shift = np.where(lse == -np.inf, np.inf, lse)  # neither side has a key: weights exp(-inf) = 0
+    weight1 = np.exp(l1 - shift)[..., None].astype(dtype)  # (..., T, 1)
+    weight2 = np.exp(l2 - shift)[..., None].astype(dtype)  # (..., T, 1)
+    return weight1 * o1 + weight2 * o2, lse
+
+
+# ------------------------------------------------------------------------ helpers
+
+_SKIP = np.zeros((), dtype=bool)  # sentinel: the whole tile is masked out
+
+
+def _recentre(
+    scores: np.ndarray, acc: np.ndarray, row_max: np.ndarray, moved: np.ndarray,
+    ref: np.ndarray | None,
+) -> np.ndarray:
+    """Move the reference of the ``moved`` rows onto their running max; returns the new ref.
+
+    Updates ``scores`` (..., bq, bk), ``acc`` (..., bq, Dv + 1) and ``row_max``
+    (..., bq, 1) in place. A row moves up (max > _WINDOW) and its sums shrink by
+    exp(-delta) ≤ 1, or it moves down (max < -_WINDOW), which happens only while
+    it has no mass yet (its max was -inf before this tile), so its sums stay 0:
+    the factor is clipped to 1 there rather than overflowing (0 · inf = NaN).
+    """
+    delta = np.where(moved, row_max, 0.0).astype(scores.dtype, copy=False)  # (..., bq, 1)
+    scores -= delta
+    acc *= np.exp(-np.maximum(delta, 0.0))
+    row_max -= delta
+    return delta if ref is None else ref + delta
+
+
+class _Tiles:
+    """Where each tile's mask and bias come from, without ever building a (T, S) array.
+
+    The causal mask is made per tile from positions; ``mask`` and ``bias`` are
+    sliced per tile along the T and S axes they really have (size-1 axes
+    broadcast and are not sliced).
+    """
+
+    def __init__(
+        self, T: int, S: int, allowed: np.ndarray | None, bias: np.ndarray | None,
+        is_causal: bool,
+    ) -> None:
+        self.allowed = None if allowed is None else _at_least_2d(allowed)
+        self.bias = None if bias is None else _at_least_2d(bias)
+        self.is_causal = is_causal
+        self.offset = S - T  # query i sits at absolute position S - T + i
+
+    def blocked(
+        self, q0: int, q1: int, k0: int, k1: int, stats: FlashStats | None
+    ) -> np.ndarray | None:
+        """The tile's blocked entries (True = masked out), None if none, or _SKIP if all."""
+        blocked: np.ndarray | None = None
+        if self.is_causal:
+            if k0 > self.offset + q1 - 1:  # even the tile's last query sees no key in it
+                return _count(stats, _SKIP)
+            if k1 - 1 > self.offset + q0:  # some keys lie after the first query: a diagonal tile
+                query_pos = np.arange(q0, q1)[:, None] + self.offset  # (bq, 1)
+                blocked = np.arange(k0, k1)[None, :] > query_pos  # (bq, bk)
+        if self.allowed is not None:
+            allowed = _tile(self.allowed, q0, q1, k0, k1)  # (..., bq | 1, bk | 1)
+            if not allowed.all():
+                if not allowed.any():
+                    return _count(stats, _SKIP)
+                blocked = ~allowed if blocked is None else (blocked | ~allowed)
+                if blocked.all():  # causal and mask together leave nothing
+                    return _count(stats, _SKIP)
+        return _count(stats, blocked)
+
+    def add_bias(self, scores: np.ndarray, q0: int, q1: int, k0: int, k1: int) -> None:
+        if self.bias is not None:
+            scores += _tile(self.bias, q0, q1, k0, k1)  # (..., bq, bk)
+
+
+def _count(stats: FlashStats | None, blocked: np.ndarray | None) -> np.ndarray | None:
+    if stats is not None:
+        if blocked is _SKIP:
+            stats.skipped += 1
+        else:
+            stats.computed += 1
+    return blocked
+
+
+def _at_least_2d(arr: np.ndarray) -> np.ndarray:
+    """Prepend size-1 axes so that the last two axes are (T or 1, S or 1)."""
+    return arr.reshape((1,) * (2 - arr.ndim) + arr.shape) if arr.ndim < 2 else arr
+
+
+def _tile(arr: np.ndarray, q0: int, q1: int, k0: int, k1: int) -> np.ndarray:
+    rows = slice(q0, q1) if arr.shape[-2] != 1 else slice(None)
+    cols = slice(k0, k1) if arr.shape[-1] != 1 else slice(None)
+    return arr[..., rows, cols]
+
+
+def _as_forward(
+    arr: Any, name: str, shape: tuple[int, ...], layout: str, dtype: np.dtype,
+    *, allow_neginf: bool = False,
+) -> np.ndarray:
+    """Validate a forward result handed back (out, lse): exact shape, finite (or -inf) values."""
+    converted = as_float_array(arr, name, allow_nonfinite=allow_neginf)
+    if allow_neginf and (np.isnan(converted).any() or np.isposinf(converted).any()):
+        raise AttnlabError(f"{name}: expected finite values or -inf, got NaN or +inf")
+    if converted.shape != shape:
+        raise ShapeError(
+            f"{name}: expected the forward's {layout} = {shape_str(shape)}, "
+            f"got {shape_str(converted.shape)}"
+        )
+    return converted.astype(dtype, copy=False)
+
+
