@@ -70,7 +70,7 @@ def parse_matrix(text: str) -> np.ndarray:
 
 #: Sub-commands: each module ``attnlab.cli_<name>`` has ``add_parser(sub)`` and
 #: ``run(args) -> int``. A command's heavy imports happen inside its ``run``.
-COMMANDS = ("explain", "inspect", "profile", "approx")
+COMMANDS = ("explain", "inspect", "profile", "approx", "bench")
 
 
 def _build_parser() -> argparse.ArgumentParser:

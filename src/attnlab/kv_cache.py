@@ -1,0 +1,419 @@
+"""KV caches for causal decoding: a full cache and a sliding-window rolling buffer.
+
+Dimension legend: B batch, H query heads, Hkv key/value heads (GQA: H is a
+multiple of Hkv), T new tokens (query length), S keys attended to (key length),
+D head dim, Dv value head dim, W window.
+
+Generating token by token with plain attention recomputes the keys and values
+of the whole prefix at every step: O(S²) work for the S-th token. A KV cache
+keeps the keys and values of every position seen so far; a step projects only
+its T new tokens, appends their keys and values, and attends over the cache:
+O(S) work per token.
+
+Positions are absolute token indices starting at 0. The T new queries of a call
+sit at positions ``length .. length + T - 1`` (:meth:`KVCache.next_positions`);
+rotate queries and keys with RoPE at those positions *before* handing them to
+the cache (``apply_rope(k, positions=cache.length)``), so keys are stored
+already rotated, as in LLaMA.
+
+:meth:`KVCache.attend` is an efficient implementation equivalent to the
+following plain computation over the whole sequence (tested to float precision)::
+
+    keys   = concatenate(every k appended so far, axis=-2)        # (B, Hkv, S, D)
+    values = concatenate(every v appended so far, axis=-2)        # (B, Hkv, S, Dv)
+    out = scaled_dot_product_attention(                           # (B, H, T, Dv)
+        q, repeat(keys, H // Hkv, axis=1), repeat(values, H // Hkv, axis=1),
+        is_causal=True)                                           # bottom-right aligned
+
+Sliding window (Mistral). **W is the number of keys a query sees, including
+itself**: the query at position p attends to keys ``max(0, p - W + 1) .. p``
+(:func:`attnlab.sparse.sliding_window_mask`; FlashAttention's ``window_size=(W - 1, 0)``).
+With W = 1 a token sees only itself; with W ≥ the sequence length the window
+changes nothing. Some implementations build their mask as ``j >= p - W``
+(W + 1 keys) while keeping a W-slot buffer, so the mask and the cache disagree
+by one key; here the buffer holds exactly the W positions the next query
+needs, position i in slot ``i mod W``. :meth:`SlidingWindowKVCache.attend`
+equals::
+
+    scaled_dot_product_attention(q, keys, values,                 # whole sequence
+                                 mask=sliding_window_mask(T, W, causal=True, S=S))
+
+All sequences of a batch share one length (no ragged batches). Inputs are cast
+to the cache's dtype, as writing into a preallocated array does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .attention import _softmax
+from .errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
+
+__all__ = ["KVCache", "SlidingWindowKVCache"]
+
+
+class _CacheBase:
+    """Shape bookkeeping and input checks shared by the two caches."""
+
+    def __init__(
+        self, batch: int, num_kv_heads: int, head_dim: int, value_head_dim: int | None,
+        dtype: Any,
+    ) -> None:
+        self.batch = check_positive_int(batch, "batch")
+        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        self.head_dim = check_positive_int(head_dim, "head_dim")
+        self.value_head_dim = (
+            self.head_dim if value_head_dim is None
+            else check_positive_int(value_head_dim, "value_head_dim")
+        )
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError:
+            raise AttnlabError(f"dtype: expected a float dtype, got {dtype!r}") from None
+        if self.dtype not in (np.float32, np.float64):
+            raise AttnlabError(f"dtype: expected float32 or float64, got {self.dtype}")
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        """Number of tokens appended so far = the absolute position of the next token."""
+        return self._length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def next_positions(self, T: int) -> np.ndarray:  # -> (T,) int64
+        """Absolute positions of the next T tokens: ``length .. length + T - 1`` (for RoPE)."""
+        T = check_positive_int(T, "T", allow_zero=True)
+        return self._length + np.arange(T, dtype=np.int64)
+
+    def _check_kv(self, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray]:
+        """k (B, Hkv, T, D), v (B, Hkv, T, Dv), in the cache's dtype."""
+        B, Hkv, D, Dv = self.batch, self.num_kv_heads, self.head_dim, self.value_head_dim
+        k_arr = as_float_array(k, "k")
+        v_arr = as_float_array(v, "v")
+        if k_arr.ndim != 4 or k_arr.shape[:2] != (B, Hkv) or k_arr.shape[3] != D:
+            raise ShapeError(
+                f"k: expected (B, Hkv, T, D) = ({B}, {Hkv}, T, {D}), got {shape_str(k_arr.shape)}"
+            )
+        T = k_arr.shape[2]
+        if v_arr.shape != (B, Hkv, T, Dv):
+            raise ShapeError(
+                f"v: expected (B, Hkv, T, Dv) = ({B}, {Hkv}, {T}, {Dv}) to match k, "
+                f"got {shape_str(v_arr.shape)}"
+            )
+        return k_arr.astype(self.dtype, copy=False), v_arr.astype(self.dtype, copy=False)
+
+    def _check_q(self, q: Any, T: int) -> np.ndarray:
+        """q (B, H, T, D) with H a multiple of Hkv, in the cache's dtype."""
+        B, Hkv, D = self.batch, self.num_kv_heads, self.head_dim
+        q_arr = as_float_array(q, "q")
+        if (q_arr.ndim != 4 or q_arr.shape[0] != B or q_arr.shape[2:] != (T, D)
+                or q_arr.shape[1] % Hkv):
+            raise ShapeError(
+                f"q: expected (B, H, T, D) = ({B}, H, {T}, {D}) with H a multiple of "
+                f"Hkv = {Hkv} and T matching k, got {shape_str(q_arr.shape)}"
+            )
+        return q_arr.astype(self.dtype, copy=False)
+
+    @staticmethod
+    def _check_scale(scale: float | None, D: int) -> float:
+        if scale is None:
+            return 1.0 / float(np.sqrt(D))
+        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)):
+            raise AttnlabError(f"scale: expected a real number or None, got {scale!r}")
+        if not np.isfinite(scale):
+            raise AttnlabError(f"scale: expected a finite number, got {scale}")
+        return float(scale)
+
+
+def _grouped_attention(
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, allowed: np.ndarray | None,
+    scale: float,
+) -> np.ndarray:
+    """Attention of H query heads over Hkv shared key/value heads, without copying the keys.
+
+    Shapes: q (B, H, T, D), keys (B, Hkv, S, D), values (B, Hkv, S, Dv),
+    allowed bool (T, S) or None -> (B, H, T, Dv).
+
+    Query head h reads key/value head h // G (G = H / Hkv), as
+    ``MultiHeadAttention.expand_kv`` does; the G heads of a group are stacked as
+    G·T rows of one product instead of repeating the keys G times.
+    """
+    B, H, T, D = q.shape
+    Hkv, S = keys.shape[1], keys.shape[2]
+    G = H // Hkv
+    rows = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D); head h = g*G + j
+    scores = rows @ np.swapaxes(keys, -1, -2)  # (B, Hkv, G*T, S)
+    scaled = scores * np.asarray(scale, dtype=scores.dtype)  # (B, Hkv, G*T, S)
+    if allowed is not None:
+        scaled = scaled.reshape(B, Hkv, G, T, S)  # (B, Hkv, G, T, S)
+        scaled = np.where(allowed, scaled, -np.inf).reshape(B, Hkv, G * T, S)  # (B, Hkv, G*T, S)
+    weights = _softmax(scaled, axis=-1)  # (B, Hkv, G*T, S)
+    out = weights @ values  # (B, Hkv, G*T, Dv)
+    return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
+
+
+class KVCache(_CacheBase):
+    """Keys and values of one attention layer for causal decoding, with MHA or GQA.
+
+    Shapes: stores keys (B, Hkv, S, D) and values (B, Hkv, S, Dv).
+
+    Storage is preallocated. Without ``max_len`` it starts at ``capacity``
+    positions and doubles when full (amortised O(1) per token). With
+    ``max_len`` all of it is allocated up front and appending past it raises an
+    :class:`AttnlabError` saying how many positions are left.
+
+    Prefill a prompt, then decode one token (or a chunk) at a time, all with
+    :meth:`attend`; see the module docstring for the plain computation it equals.
+
+    >>> cache = KVCache(batch=1, num_kv_heads=2, head_dim=4, max_len=16)
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.random((1, 4, 5, 4)), rng.random((1, 2, 5, 4)), rng.random((1, 2, 5, 4))
+    >>> cache.attend(q, k, v).shape            # prefill 5 tokens, 4 query heads
+    (1, 4, 5, 4)
+    >>> cache.attend(q[:, :, :1], k[:, :, :1], v[:, :, :1]).shape   # one more
+    (1, 4, 1, 4)
+    >>> cache.length, cache.keys.shape
+    (6, (1, 2, 6, 4))
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        num_kv_heads: int,
+        head_dim: int,
+        value_head_dim: int | None = None,
+        *,
+        max_len: int | None = None,
+        capacity: int = 256,
+        dtype: Any = np.float64,
+    ) -> None:
+        super().__init__(batch, num_kv_heads, head_dim, value_head_dim, dtype)
+        self.max_len = None if max_len is None else check_positive_int(max_len, "max_len")
+        start = self.max_len if self.max_len is not None else check_positive_int(
+            capacity, "capacity"
+        )
+        self._keys = np.zeros((self.batch, self.num_kv_heads, start, self.head_dim), self.dtype)
+        self._values = np.zeros(
+            (self.batch, self.num_kv_heads, start, self.value_head_dim), self.dtype
+        )
+
+    @property
+    def capacity(self) -> int:
+        """Positions allocated now (grows unless ``max_len`` is set)."""
+        return self._keys.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the key and value buffers."""
+        return self._keys.nbytes + self._values.nbytes
+
+    @property
+    def keys(self) -> np.ndarray:  # (B, Hkv, S, D)
+        """Read-only view of the cached keys; valid until the next append."""
+        view = self._keys[:, :, : self._length]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def values(self) -> np.ndarray:  # (B, Hkv, S, Dv)
+        """Read-only view of the cached values; valid until the next append."""
+        view = self._values[:, :, : self._length]
+        view.flags.writeable = False
+        return view
+
+    def reset(self) -> None:
+        """Forget every token (the storage is kept for reuse)."""
+        self._length = 0
+
+    def append(self, k: Any, v: Any) -> None:
+        """Append the keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of T new tokens."""
+        k_arr, v_arr = self._check_kv(k, v)
+        self._write(k_arr, v_arr)
+
+    def _write(self, k: np.ndarray, v: np.ndarray) -> None:
+        T = k.shape[2]
+        needed = self._length + T
+        if self.max_len is not None and needed > self.max_len:
+            raise AttnlabError(
+                f"k: the cache is full: it holds {self._length} of max_len = {self.max_len} "
+                f"positions, expected T <= {self.max_len - self._length} new tokens, got T = {T}; "
+                "create it with a larger max_len, leave max_len=None to let it grow, or use "
+                "SlidingWindowKVCache"
+            )
+        if needed > self.capacity:
+            self._grow(needed)
+        self._keys[:, :, self._length : needed] = k
+        self._values[:, :, self._length : needed] = v
+        self._length = needed
+
+    def _grow(self, needed: int) -> None:
+        """Double the capacity until ``needed`` positions fit; copies the cached part once."""
+        new_capacity = self.capacity
+        while new_capacity < needed:
+            new_capacity *= 2
+        for name in ("_keys", "_values"):
+            old = getattr(self, name)
+            new = np.zeros((*old.shape[:2], new_capacity, old.shape[3]), self.dtype)
+            new[:, :, : self._length] = old[:, :, : self._length]
+            setattr(self, name, new)
+
+    def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> np.ndarray:
+        """Append the T new tokens' k, v, then attend from their queries over the whole cache.
+
+        Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
+
+        Query i sits at position ``S - T + i`` (S = length after the append) and
+        sees keys 0 .. S - T + i: causal, bottom-right aligned. ``scale``
+        defaults to 1/√D.
+        """
+        k_arr, v_arr = self._check_kv(k, v)
+        T = k_arr.shape[2]
+        q_arr = self._check_q(q, T)
+        scale_value = self._check_scale(scale, self.head_dim)
+        self._write(k_arr, v_arr)
+        S = self._length
+        keys = self._keys[:, :, :S]  # (B, Hkv, S, D)
+        values = self._values[:, :, :S]  # (B, Hkv, S, Dv)
+        # One query over the whole cache sees every key: no mask needed.
+        allowed = _causal(T, S) if T > 1 else None  # (T, S)
+        return _grouped_attention(q_arr, keys, values, allowed, scale_value)  # (B, H, T, Dv)
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCache(batch={self.batch}, num_kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, length={self._length}, capacity={self.capacity}, "
+            f"max_len={self.max_len}, dtype={self.dtype})"
+        )
+
+
+def _causal(T: int, S: int) -> np.ndarray:  # -> (T, S)
+    query_pos = np.arange(T)[:, None] + (S - T)  # (T, 1)
+    return np.arange(S)[None, :] <= query_pos  # (T, S)
+
+
+class SlidingWindowKVCache(_CacheBase):
+    """Rolling-buffer KV cache for sliding-window attention (Mistral): memory O(W).
+
+    Shapes: stores keys (B, Hkv, W, D) and values (B, Hkv, W, Dv); position i
+    lives in slot ``i mod W``.
+
+    **W = the number of keys each query sees, including itself**: the query at
+    position p attends to keys ``max(0, p - W + 1) .. p``, the band of
+    :func:`attnlab.sparse.sliding_window_mask`. After any append the buffer holds exactly the
+    last ``min(length, W)`` positions.
+
+    A single new token is written first and then attends over the W slots
+    directly (they hold exactly its window). A chunk of T > 1 tokens attends
+    over the old buffer followed by the chunk (its first query still needs old
+    keys the chunk would overwrite) and is written afterwards; chunks longer
+    than W keep their last W tokens.
+
+    >>> cache = SlidingWindowKVCache(1, 1, 2, window=3)
+    >>> x = np.arange(10.0).reshape(1, 1, 5, 2)
+    >>> _ = cache.attend(x, x, x)
+    >>> cache.length, cache.positions.tolist()       # the last W = 3 of 5 positions
+    (5, [2, 3, 4])
+    >>> cache.nbytes                                 # 2 buffers x 3 slots x 2 values x 8 bytes
+    96
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        num_kv_heads: int,
+        head_dim: int,
+        value_head_dim: int | None = None,
+        *,
+        window: int,
+        dtype: Any = np.float64,
+    ) -> None:
+        super().__init__(batch, num_kv_heads, head_dim, value_head_dim, dtype)
+        self.window = check_positive_int(window, "window")
+        W = self.window
+        self._keys = np.zeros((self.batch, self.num_kv_heads, W, self.head_dim), self.dtype)
+        self._values = np.zeros((self.batch, self.num_kv_heads, W, self.value_head_dim),
+                                self.dtype)
+        self._slot_pos = np.full(W, -1, dtype=np.int64)  # (W,) position held by each slot
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the key and value buffers: fixed, whatever the length."""
+        return self._keys.nbytes + self._values.nbytes
+
+    @property
+    def positions(self) -> np.ndarray:  # (min(length, W),) int64
+        """The absolute positions held, in increasing order."""
+        return np.sort(self._slot_pos[self._slot_pos >= 0])
+
+    @property
+    def keys(self) -> np.ndarray:  # (B, Hkv, min(length, W), D)
+        """A copy of the held keys in position order."""
+        return self._keys[:, :, self.positions % self.window]
+
+    @property
+    def values(self) -> np.ndarray:  # (B, Hkv, min(length, W), Dv)
+        """A copy of the held values in position order."""
+        return self._values[:, :, self.positions % self.window]
+
+    def reset(self) -> None:
+        """Forget every token."""
+        self._length = 0
+        self._slot_pos[:] = -1
+
+    def append(self, k: Any, v: Any) -> None:
+        """Append the keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of T new tokens."""
+        k_arr, v_arr = self._check_kv(k, v)
+        self._write(k_arr, v_arr)
+
+    def _write(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Positions length .. length+T-1 go to their slots; only the last W can survive."""
+        T, W = k.shape[2], self.window
+        keep = min(T, W)
+        positions = self._length + np.arange(T - keep, T)  # (keep,)
+        slots = positions % W  # (keep,) distinct, since keep <= W
+        self._keys[:, :, slots] = k[:, :, T - keep :]
+        self._values[:, :, slots] = v[:, :, T - keep :]
+        self._slot_pos[slots] = positions
+        self._length += T
+
+    def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> np.ndarray:
+        """Append the T new tokens' k, v, and attend from their queries within the window.
+
+        Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
+
+        The query at position p sees keys ``max(0, p - W + 1) .. p``.
+        """
+        k_arr, v_arr = self._check_kv(k, v)
+        T = k_arr.shape[2]
+        q_arr = self._check_q(q, T)
+        scale_value = self._check_scale(scale, self.head_dim)
+        W = self.window
+        if T == 1:
+            # After writing, the W slots hold positions p - W + 1 .. p: exactly the window.
+            self._write(k_arr, v_arr)
+            filled = self._slot_pos >= 0  # (W,)
+            allowed = None if filled.all() else filled[None, :]  # (1, W)
+            return _grouped_attention(q_arr, self._keys, self._values, allowed, scale_value)
+        query_pos = self._length + np.arange(T)  # (T,)
+        key_pos = np.concatenate([self._slot_pos, query_pos])  # (W + T,) -1 = empty slot
+        keys = np.concatenate([self._keys, k_arr], axis=2)  # (B, Hkv, W + T, D)
+        values = np.concatenate([self._values, v_arr], axis=2)  # (B, Hkv, W + T, Dv)
+        allowed = (
+            (key_pos[None, :] >= 0)
+            & (key_pos[None, :] <= query_pos[:, None])
+            & (key_pos[None, :] > query_pos[:, None] - W)
+        )  # (T, W + T)
+        out = _grouped_attention(q_arr, keys, values, allowed, scale_value)  # (B, H, T, Dv)
+        self._write(k_arr, v_arr)
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"SlidingWindowKVCache(batch={self.batch}, num_kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, window={self.window}, length={self._length}, "
+            f"dtype={self.dtype})"
+        )
