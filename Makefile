@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.attnlab-installed
 DEMO_DIR ?= attnlab-demo
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test clean
 
 setup: $(STAMP)
 
@@ -27,11 +27,9 @@ demo: setup
 	@echo "diagnostics.json)"
 
 test: setup
-	$(BIN)/python -m pytest -q
-
-lint: setup
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
+	$(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis
