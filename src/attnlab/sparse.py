@@ -25,14 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from .attention import _softmax
+from .attention import _prepare, _softmax
 from .errors import (
     AttnlabError,
     ShapeError,
     as_bool_mask,
-    as_float_array,
     check_broadcastable,
-    check_ndim,
     check_positive_int,
     shape_str,
 )
@@ -54,45 +52,15 @@ def _prepare_qkv(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...], float, np.dtype]:
     """Validate q (..., T, D), k (..., S, D), v (..., S, Dv) and the scale.
 
-    The checks of :func:`attnlab.scaled_dot_product_attention`, without its cap
-    on T × S (these paths never build the score matrix). Returns the arrays in
-    one compute dtype, the broadcast batch shape, the scale and the output dtype.
+    The checks of :func:`attnlab.scaled_dot_product_attention` (its ``_prepare``),
+    without its cap on T × S (these paths never build the score matrix). Returns
+    the arrays in one compute dtype, the broadcast batch shape, the scale and the
+    output dtype.
     """
-    all_half = all(getattr(a, "dtype", None) == np.float16 for a in (q, k, v))
-    q_arr = as_float_array(q, "q")
-    k_arr = as_float_array(k, "k")
-    v_arr = as_float_array(v, "v")
-    check_ndim(q_arr, "q", 2, "(..., T, D)")
-    check_ndim(k_arr, "k", 2, "(..., S, D)")
-    check_ndim(v_arr, "v", 2, "(..., S, Dv)")
-    D = q_arr.shape[-1]
-    S = k_arr.shape[-2]
-    if k_arr.shape[-1] != D:
-        raise ShapeError(
-            f"k: expected (..., S, {D}) to match q's last dim {D}, got {shape_str(k_arr.shape)}"
-        )
-    if v_arr.shape[-2] != S:
-        raise ShapeError(
-            f"v: expected (..., {S}, Dv) to match k's length S = {S}, got {shape_str(v_arr.shape)}"
-        )
-    try:
-        batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
-    except ValueError:
-        raise ShapeError(
-            "q, k, v: expected leading (batch) dims that broadcast together, got "
-            f"q {shape_str(q_arr.shape)}, k {shape_str(k_arr.shape)}, v {shape_str(v_arr.shape)}"
-        ) from None
-    dtype = np.result_type(q_arr, k_arr, v_arr)
-    q_arr, k_arr, v_arr = (a.astype(dtype, copy=False) for a in (q_arr, k_arr, v_arr))
-    if scale is None:
-        scale_value = 1.0 / np.sqrt(D) if D > 0 else 1.0
-    else:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
-            raise AttnlabError(f"scale: expected a real number or None, got {scale!r}")
-        scale_value = float(scale)
-        if not np.isfinite(scale_value):
-            raise AttnlabError(f"scale: expected a finite number, got {scale_value}")
-    out_dtype = np.dtype(np.float16) if all_half else dtype
+    q_arr, k_arr, v_arr, _, _, scale_value, out_dtype = _prepare(
+        q, k, v, None, None, False, scale, tiled=True
+    )
+    batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
     return q_arr, k_arr, v_arr, tuple(batch), scale_value, out_dtype
 
 
