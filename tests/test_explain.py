@@ -122,3 +122,20 @@ def test_explain_validation():
         explain().to_text("fr")  # type: ignore[arg-type]
     with pytest.raises(AttnlabError, match="key: expected one of"):
         explain().get("nope")
+
+
+def test_trace_shows_as_the_viewer_in_jupyter():
+    trace = explain(tokens=["小明", "去了", "学校"], num_heads=2)
+    assert trace.attention().shape == (1, 2, 3, 3)
+    html = trace._repr_html_()
+    assert html is not None and html.startswith("<iframe") and "srcdoc=" in html
+    assert "小明" in trace.view().html
+    no_weights = attnlab.Trace(steps=[trace.get("X")], tokens=trace.tokens)
+    assert no_weights._repr_html_() is None
+    with pytest.raises(AttnlabError, match="expected a trace holding 'weights' steps"):
+        no_weights.attention()
+
+
+def test_single_head_heatmap_has_seed000_title():
+    figure = explain().plot(lang="zh")
+    assert figure.axes[0].get_title() == "注意力权重热图"

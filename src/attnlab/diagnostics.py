@@ -387,22 +387,7 @@ def trace_weights(trace: Trace) -> np.ndarray:
 
     Steps without a layer tag form a single layer; a trace of one head gives H = 1.
     """
-    found = [s for s in trace.steps if s.key == "weights"]
-    if not found:
-        raise AttnlabError("trace: expected a trace holding 'weights' steps, found none")
-    layer_ids = sorted({s.layer for s in found if s.layer is not None})
-    groups = [found] if not layer_ids else [[s for s in found if s.layer == i]
-                                            for i in layer_ids]
-    try:
-        stacked = np.stack([np.stack([s.values for s in group]) for group in groups])
-    except ValueError as exc:
-        raise ShapeError(f"trace: its weights steps differ in shape or count ({exc})") from None
-    if stacked.ndim != 4:
-        raise ShapeError(
-            f"trace: expected (T, S) weights per head, giving (L, H, T, S), got "
-            f"{shape_str(stacked.shape)}"
-        )
-    return stacked  # (L, H, T, S)
+    return trace.attention()  # (L, H, T, S)
 
 
 def diagnose_trace(trace: Trace, **options: Any) -> Diagnostics:

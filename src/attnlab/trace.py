@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .errors import AttnlabError
+from .errors import AttnlabError, ShapeError, shape_str
 
 __all__ = ["Step", "Trace", "Recorder", "STEP_TEXT"]
 
@@ -184,15 +184,42 @@ class Trace:
         return np.stack(found)  # (H, T, S)
 
     def attention(self) -> np.ndarray:
-        """Weights of every recorded layer and head: (L, H, T, S).
+        """Weights of every recorded layer and head as one (L, H, T, S) array.
 
-        Every layer must have recorded the same heads (true for a whole model run).
+        Steps without a layer tag form a single layer (an ``explain`` trace gives
+        L = 1); a trace of one head gives H = 1. Every layer must hold the same heads.
         """
-        layers = sorted({s.layer for s in self.steps if s.key == "weights"},
-                        key=lambda v: -1 if v is None else v)
-        if not layers:
-            raise AttnlabError("trace: it holds no attention weights step")
-        return np.stack([self.weights(layer) for layer in layers])  # (L, H, T, S)
+        found = [s for s in self.steps if s.key == "weights"]
+        if not found:
+            raise AttnlabError("trace: expected a trace holding 'weights' steps, found none")
+        layer_ids = sorted({s.layer for s in found if s.layer is not None})
+        groups = [found] if not layer_ids else [[s for s in found if s.layer == i]
+                                                for i in layer_ids]
+        try:
+            stacked = np.stack([np.stack([s.values for s in group]) for group in groups])
+        except ValueError as exc:
+            raise ShapeError(
+                f"trace: its weights steps differ in shape or count ({exc})"
+            ) from None
+        if stacked.ndim != 4:
+            raise ShapeError(
+                "trace: expected (T, S) weights per head, giving (L, H, T, S), got "
+                f"{shape_str(stacked.shape)}"
+            )
+        return stacked  # (L, H, T, S)
+
+    def view(self, *, title: str | None = None, lang: Lang = "en") -> Any:
+        """The interactive viewer of these weights (an :class:`attnlab.viewer.AttentionView`)."""
+        from .viewer import AttentionView
+
+        return AttentionView.from_trace(self, title=title, lang=lang)
+
+    def _repr_html_(self) -> str | None:
+        """In Jupyter, a trace with attention weights shows as the interactive viewer."""
+        if not any(s.key == "weights" for s in self.steps):
+            return None
+        html: str = self.view()._repr_html_()
+        return html
 
     @property
     def output(self) -> np.ndarray:
@@ -260,6 +287,8 @@ class Trace:
         weights = self.weights()  # (H, T, S)
         keys = self.key_tokens or self.tokens
         if len(weights) == 1:
+            if title is None:  # seed 000's heatmap title
+                title = "注意力权重热图" if lang == "zh" else "Attention weights"
             return viz.plot_attention(weights[0], self.tokens, keys, title=title, lang=lang)
         return viz.plot_head_grid(weights, self.tokens, keys, title=title, lang=lang)
 
