@@ -38,5 +38,5 @@ for text in TEXTS:
     w = np.stack([np.stack([s.values for s in rec.steps if s.layer == i]) for i in range(6)])
     worst_w = max(worst_w, np.abs(w - torch.stack(r.attentions)[:, 0].numpy()).max())
     worst_h = max(worst_h, np.abs(h - r.last_hidden_state.numpy()).max())
-print(f"attention weights (every layer, head, text): max abs diff {worst_w:.2e}; "
-      f"last hidden states {worst_h:.2e}")
+print(f"attention weights (every layer, head, text): max abs diff {worst_w:.3e}; "
+      f"last hidden states {worst_h:.3e}")
