@@ -136,3 +136,19 @@ def test_cli_bad_lengths_is_one_line_error(capsys):
     code = main(["approx", "--lengths", "0,x"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--lengths" in err
+
+
+def test_lengths_beyond_exact_attention_fail_at_once(capsys, tmp_path):
+    """Before: the whole study ran, then a MemoryError (an internal error, exit 1)."""
+    with pytest.raises(AttnlabError, match=r"long_length: exact attention at T = 100000 needs"):
+        StudyConfig(long_length=100_000).check()
+    with pytest.raises(AttnlabError, match=r"lengths: .* expected T <= 46340"):
+        StudyConfig(lengths=(46_341,)).check()
+    code = main(["approx", "--quick", "--no-minilm", "--long", "100000000000"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "long_length: exact attention" in err
+    (tmp_path / "file").write_text("")
+    code = main(["approx", "--lengths", "40", "--no-minilm", "--out", str(tmp_path / "file")])
+    err = capsys.readouterr().err  # refused before the study, not after it
+    assert code == 2 and err == f"error: --out: expected a folder, got {tmp_path / 'file'}, " \
+                                "which is a file\n"

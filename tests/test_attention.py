@@ -324,3 +324,50 @@ def test_softmax_errors():
         softmax(1.0)
     with pytest.raises(AttnlabError, match=r"axis: expected an int in \[-2, 1\], got 2"):
         softmax(np.zeros((2, 2)), axis=2)
+
+
+# ----------------------------------------------------------- adversarial inputs
+
+
+@pytest.mark.parametrize("dtype, big", [(np.float64, 1e200), (np.float32, 1e20)])
+def test_scores_that_would_overflow_are_refused_not_nan(dtype, big):
+    """Finite q, k whose q·kᵀ overflows gave NaN (or, all negative, a silent row of 0)."""
+    q = np.full((2, 4), big, dtype=dtype)
+    k = np.array([[big] * 4, [-big] * 4], dtype=dtype)
+    v = np.ones((2, 3), dtype=dtype)
+    with pytest.raises(AttnlabError, match=r"q, k: the scaled scores could reach .* beyond "
+                                           f"{np.dtype(dtype)}'s largest value"):
+        scaled_dot_product_attention(q, k, v)
+    with pytest.raises(AttnlabError, match="q, k: the scaled scores could reach"):
+        scaled_dot_product_attention(q[:1], -k, v)  # every score -> -inf: was all zeros
+    with pytest.raises(AttnlabError, match="q, k: the scaled scores could reach"):
+        attnlab.self_attention(np.full((3, 4), 1e200), np.eye(4), np.eye(4), np.eye(4))
+    # Large but representable scores still give the right answer.
+    out = scaled_dot_product_attention(np.full((1, 2), 1e150), np.array([[1e150, 0.0],
+                                       [0.0, 1e150]]), np.array([[1.0], [2.0]]))
+    assert out.tolist() == [[1.5]]
+
+
+@pytest.mark.parametrize("axis", [0.5, "0", True, None])
+def test_softmax_axis_must_be_an_int(axis):
+    with pytest.raises(AttnlabError, match=r"axis: expected an int in \[-2, 1\], got"):
+        softmax(np.zeros((2, 3)), axis=axis)
+
+
+def test_softmax_of_extreme_finite_logits_is_exact_and_quiet():
+    with np.errstate(all="raise"):  # no overflow warning for -1e308 - 1e308 = -inf
+        assert softmax([1e308, -1e308]).tolist() == [1.0, 0.0]
+
+
+def test_ragged_and_non_bool_masks_are_named_errors():
+    q = np.zeros((2, 2))
+    with pytest.raises(AttnlabError, match="mask: could not be read as an array"):
+        scaled_dot_product_attention(q, q, q, mask=[[True, False], [True]])
+    for convert in (attnlab.from_blocked, attnlab.from_keep, attnlab.padding_mask):
+        with pytest.raises(AttnlabError, match="mask: could not be read as an array"):
+            convert([[1, 0], [1]])
+    with pytest.raises(AttnlabError, match="mask: could not be read as an array"):
+        attnlab.mask_to_bias([[True], [True, False]])
+    for dtype in (int, complex, "banana"):
+        with pytest.raises(AttnlabError, match="dtype: expected a float dtype"):
+            attnlab.mask_to_bias(np.ones((2, 2), bool), dtype=dtype)

@@ -208,3 +208,20 @@ def test_timing_and_config_validation():
         BenchConfig(model="tiny")  # type: ignore[arg-type]
     quick = BenchConfig.quick(model=DecoderConfig(d_model=32))
     assert quick.model.d_model == 32 and quick.repeats == 5
+
+
+def test_out_that_cannot_be_a_folder_fails_before_measuring(capsys, tmp_path):
+    (tmp_path / "file").write_text("")
+    for out, message in ((str(tmp_path / "file"), "--out: expected a folder, got"),
+                         (str(tmp_path / "file" / "sub"), "--out: could not create the folder"),
+                         ("", "--out: expected a folder, got an empty string")):
+        code, stdout, err = run_cli(capsys, *TINY, "--no-progress", "--out", out)
+        assert code == 2 and stdout == ""  # no table: nothing was measured first
+        assert message in err and err.count("\n") == 1
+
+
+def test_a_huge_min_time_caps_the_loop_instead_of_overflowing():
+    """min_time / (one call's seconds) = inf: math.ceil(inf) was an OverflowError (exit 1)."""
+    from attnlab.bench import _calls_per_sample
+
+    assert _calls_per_sample(lambda: None, 1e308) == 10_000

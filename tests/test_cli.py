@@ -124,3 +124,60 @@ def test_missing_extra_message_names_the_extra(monkeypatch):
 
     with pytest.raises(ImportError, match=r"pip install 'attnlab\[viz\]'"):
         viz.plot_attention(np.eye(2))
+
+
+# ------------------------------------------------- adversarial command lines
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        # Sizes whose printout never ends (or whose weights do not fit in memory).
+        (["explain", "--d-k", "100000000"], "would print 2,400,000,039 numbers, more than"),
+        (["explain", "--heads", "100000000"], "explain prints every matrix"),
+        (["explain", "--tokens", "a b", "--d-model", "100000000000"],
+         "explain prints every matrix"),
+        # --d-model is silently ignored unless it is used.
+        (["explain", "--d-model", "0"], "--d-model: only used with --tokens and no --x"),
+        (["explain", "--x", "1,2; 3,4", "--d-model", "8"], "--d-model: only used with"),
+        # JSON that is not a matrix of numbers was converted (true -> 1.0, "2" -> 2.0).
+        (["explain", "--x", "[[true, false], [1, 0]]"], "--x: expected a matrix like"),
+        (["explain", "--x", '[["1", "2"]]'], "--x: expected a matrix like"),
+        # --out that cannot be a folder.
+        (["explain", "--out", ""], "--out: expected a folder, got an empty string"),
+        (["explain", "--out", "/proc/attnlab-test"], "--out: could not create the folder"),
+    ],
+)
+def test_adversarial_explain_is_one_line_and_exit_2(capsys, args, message):
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == ""
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_bad_x_files_and_out_paths_are_one_line(capsys, tmp_path):
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "empty.npy").write_bytes(b"")
+    (tmp_path / "text.npy").write_text("not an array")
+    (tmp_path / "file").write_text("")
+    np.save(tmp_path / "huge.npy", np.full((2, 4), 1e300))
+    cases = [
+        (["--x", str(tmp_path / "empty.csv")], "empty.csv holds no numbers"),  # + a warning
+        (["--x", str(tmp_path / "empty.npy")], "is not a .npy file"),  # was EOFError
+        (["--x", str(tmp_path / "text.npy")], "is not a .npy file"),  # was "pickled data"
+        (["--x", str(tmp_path / "huge.npy")], "q, k: the scaled scores could reach"),  # NaN
+        (["--out", str(tmp_path / "file")], "--out: expected a folder, got"),
+        (["--out", str(tmp_path / "file" / "sub")], "--out: could not create the folder"),
+    ]
+    for args, message in cases:
+        code, out, err = run(capsys, "explain", *args)
+        assert code == 2 and message in err and err.count("\n") == 1, (args, err)
+
+
+def test_memory_error_is_a_one_line_usage_error(capsys, monkeypatch):
+    def too_big(*args, **kwargs):
+        raise MemoryError("Unable to allocate 7.28 TiB for an array")
+
+    monkeypatch.setattr(sys.modules["attnlab.explain"], "explain", too_big)
+    code, out, err = run(capsys, "explain")
+    assert code == 2 and err == ("error: not enough memory: Unable to allocate 7.28 TiB for an "
+                                 "array; use smaller sizes\n")

@@ -56,3 +56,23 @@ def test_inspect_errors_are_one_line(capsys, tmp_path, args, message):
     code = main([*args, "--out", str(tmp_path)])
     _, err = capsys.readouterr()
     assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_inspect_out_is_checked_before_the_model_runs(capsys, tmp_path):
+    (tmp_path / "file").write_text("")
+    code = main(["inspect", "hi", "--out", str(tmp_path / "file")])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err == f"error: --out: expected a folder, got {tmp_path / 'file'}, " \
+                           "which is a file\n"
+
+
+def test_inspect_says_when_the_text_was_cut(capsys, tmp_path):
+    """A text longer than the model's 256 tokens was silently cut to its start."""
+    code = main(["inspect", "word " * 300, "--layer", "1", "--head", "1", "--out",
+                 str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "note: the text is longer than the model's 256 tokens; only its start was run" in err
+    code = main(["inspect", "short text", "--layer", "1", "--head", "1", "--out", str(tmp_path)])
+    assert code == 0 and "note:" not in capsys.readouterr().err

@@ -304,6 +304,8 @@ def test_to_table_in_english_and_chinese() -> None:
     assert lines[2].split()[:4] == ["1", "1", "0.000", "1.000"]
     chinese = report.to_table("zh")
     assert "归一化熵" in chinese and "过度稀疏" in chinese and "近似重复的头" in chinese
+    assert "过度稀疏、关注自身" in chinese  # Chinese enumeration comma between flags
+    assert "over-sparse, self" in english
     with pytest.raises(AttnlabError, match="lang"):
         report.to_table("fr")  # type: ignore[arg-type]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -77,6 +78,56 @@ def test_text_in_english_and_chinese():
     # Each weights row is printed with its sum, 1.0000.
     weights_block = en.split("Attention weights")[1].split("Step")[0]
     assert weights_block.count("1.0000") >= 3
+    # Chinese punctuation in the Chinese text: full-width colon and brackets.
+    assert "词：小明 | 去了 | 学校" in zh
+
+
+def test_text_tables_line_up_with_cjk_tokens():
+    """Column labels sit over their numbers, counting a CJK character as two columns."""
+    from attnlab.trace import _width
+
+    zh = explain(tokens=["小明", "去了", "学校"]).to_text("zh").splitlines()
+    header = next(i for i, line in enumerate(zh) if line.rstrip().endswith("每行之和"))
+    row = zh[header + 1]  # "  小明 [0.2... 0.3... 0.4...]   1.0000"
+    top = zh[header]
+    label_ends = [_width(top[:top.index(t) + len(t)]) for t in ("小明", "去了", "学校")]
+    inside = row.index("[") + 1
+    cell_ends = [_width(row[:inside + m.end()])
+                 for m in re.finditer(r"\S+", row[inside:row.index("]")])]
+    assert label_ends == cell_ends
+    sums_at = _width(top[:top.index("每行之和")])
+    assert sums_at == _width(row[:row.rindex("1.0000")])
+
+
+def test_step_notes_are_true_and_multi_head_steps_are_labelled():
+    trace = explain(tokens=["小明", "去了", "学校"], num_heads=2, causal=True)
+    en, zh = trace.to_text("en"), trace.to_text("zh")
+    # The scaling step names the real reason: variance growing with d_k, softmax saturation.
+    scaled_en, scaled_zh = trace.get("scaled").note("en"), trace.get("scaled").note("zh")
+    assert "variance" in scaled_en and "saturate" in scaled_en
+    assert "方差" in scaled_zh and "饱和" in scaled_zh
+    assert "Step 5 · Queries Q [head 1]" in en
+    assert "第 5 步 · 查询 Q（第 1 个头）" in zh
+    # Each head's Q, K, V use that head's columns of Wq, Wk, Wv.
+    assert "Q = X·Wq[:, 3:6]" in en and "Wq: E × H·d_k = 4 × 2·3" in en
+    assert trace.get("concat").formula == "concat = [head_1 | head_2]"
+
+
+def test_summary_names_the_most_attended_token_per_head():
+    trace = explain(tokens=["小明", "去了", "学校"], num_heads=2, causal=True)
+    en, zh, md = trace.to_text("en"), trace.to_text("zh"), trace.to_markdown("zh")
+    for h in (0, 1):
+        w = trace.get("weights", head=h).values
+        tokens = trace.tokens
+        pairs = [f"{tokens[i]} → {tokens[int(w[i].argmax())]} ({w[i].max():.4f})"
+                 for i in range(3)]
+        assert f"head {h + 1}: " + "   ".join(pairs) in en
+        assert f"第 {h + 1} 个头：" + "   ".join(pairs) in zh
+        assert f"- 第 {h + 1} 个头：" + " · ".join(pairs) in md
+    assert en.splitlines()[-4] == "== Summary =="
+    assert "小明 → 小明 (1.0000)" in zh  # causal: the first token can only see itself
+    one_head = explain().to_text("en").splitlines()
+    assert one_head[-1].startswith("  word1 → ")  # one head: no head label
 
 
 def test_json_roundtrip_and_minus_inf_as_null():
@@ -94,7 +145,8 @@ def test_json_roundtrip_and_minus_inf_as_null():
 def test_markdown_has_one_table_per_step_and_escapes_tokens():
     trace = explain(tokens=["a|b", "<i>", "c"])
     md = trace.to_markdown("en")
-    assert md.count("\n## ") == len(trace)
+    assert md.count("\n## Step ") == len(trace)
+    assert md.count("\n## ") == len(trace) + 1 and "\n## Summary\n" in md
     assert "a\\|b" in md and "&lt;i&gt;" in md and "<i>" not in md
     assert "| row sums |" in md
 
@@ -139,3 +191,15 @@ def test_trace_shows_as_the_viewer_in_jupyter():
 def test_single_head_heatmap_has_seed000_title():
     figure = explain().plot(lang="zh")
     assert figure.axes[0].get_title() == "注意力权重热图"
+
+
+def test_tokens_must_be_a_list_not_a_string():
+    """A string was split into characters; non-str tokens crashed with AttributeError."""
+    with pytest.raises(AttnlabError, match="tokens: expected a list of tokens, got the string"):
+        explain(tokens="the cat sat")
+    with pytest.raises(AttnlabError, match="tokens: expected a list of tokens, got int"):
+        explain(tokens=3)  # type: ignore[arg-type]
+    trace = explain(tokens=[1, 2, 3])  # type: ignore[list-item]
+    assert trace.tokens == ["1", "2", "3"]
+    same = attnlab.token_embeddings([1, 2]) == attnlab.token_embeddings(["1", "2"])  # type: ignore[list-item]
+    assert same.all()

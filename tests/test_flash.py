@@ -507,3 +507,31 @@ def test_block_and_backward_argument_errors():
         flash_attention_backward(q, k, v, out, lse, out[:2])
     with pytest.raises(AttnlabError, match="lse: expected finite values or -inf"):
         flash_attention_backward(q, k, v, out, np.full(3, np.inf), out)
+
+
+@pytest.mark.parametrize("dtype, big", [(np.float64, 1e306), (np.float32, 3e38),
+                                        (np.float32, 1e33)])
+def test_huge_values_do_not_overflow_the_running_sums(dtype, big):
+    """Σ p·v with p up to e^20 overflowed to inf (or NaN) where the output is finite."""
+    rng = np.random.default_rng(0)
+    q = (3 * rng.standard_normal((2, 40, 8))).astype(dtype)
+    k = (3 * rng.standard_normal((2, 60, 8))).astype(dtype)
+    v = rng.standard_normal((2, 60, 3)).astype(dtype)
+    v[..., 0] = big * np.sign(v[..., 0])
+    v[..., 1] *= 1e-30  # a tiny column next to a huge one keeps its precision
+    out = flash_attention(q, k, v, is_causal=True, block_q=16, block_k=8)
+    ref = scaled_dot_product_attention(*(a.astype(np.float64) for a in (q, k, v)),
+                                       is_causal=True)
+    assert np.isfinite(out).all()
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    for col in range(3):
+        scale = np.abs(ref[..., col]).max()
+        assert np.abs(out[..., col] - ref[..., col]).max() <= rtol * scale
+
+
+def test_scores_that_would_overflow_are_refused():
+    q = np.full((3, 4), 1e20, np.float32)
+    with pytest.raises(AttnlabError, match="q, k: the scaled scores could reach"):
+        flash_attention(q, q, q)
+    with pytest.raises(AttnlabError, match="q, k: the scaled scores could reach"):
+        flash_attention(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), scale=1e308)

@@ -296,3 +296,23 @@ def test_causal_mask_used_by_the_backward_is_bottom_right():
     explicit = sdpa_backward(q, k, v, G, causal_mask(2, 5))
     for a, b in zip(implicit[:3], explicit[:3], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_layer_norm_backward_of_huge_values_matches_the_rescaled_row():
+    rng = np.random.default_rng(0)
+    x = np.array([[1e200, -1e200, 0.0, 1.0]])
+    dy = rng.standard_normal((1, 4))
+    grads = layer_norm_backward(LayerNorm(4), x, dy)
+    ref = layer_norm_backward(LayerNorm(4, eps=1e-300), x / 1e200, dy)  # dx scales by 1/m
+    assert np.isfinite(grads.dx).all()
+    np.testing.assert_allclose(grads.dx * 1e200, ref.dx, rtol=1e-9)
+    np.testing.assert_allclose(grads.dgamma, ref.dgamma, rtol=1e-9)
+
+
+def test_wrong_objects_and_axes_are_named_errors():
+    with pytest.raises(ValueError, match="norm: expected an attnlab.LayerNorm, got str"):
+        layer_norm_backward("ln", np.ones((2, 3)), np.ones((2, 3)))
+    with pytest.raises(ValueError, match="mha: expected an attnlab.MultiHeadAttention, got str"):
+        mha_backward("mha", np.ones((2, 4)), np.ones((2, 4)))
+    with pytest.raises(ValueError, match=r"axis: expected an int in \[-2, 1\], got 'a'"):
+        softmax_backward(np.ones((2, 3)) / 3, np.ones((2, 3)), axis="a")

@@ -183,3 +183,10 @@ def test_init_qkv_validates_before_drawing() -> None:
     with pytest.raises(AttnlabError, match=r"std: expected a finite number >= 0, got inf"):
         init_qkv(8, 4, 4, 4, scheme="normal", std=math.inf, rng=generator)
     assert generator.random() == reference  # nothing was drawn by the failed calls
+
+
+def test_huge_gains_give_finite_weights_or_a_named_error():
+    w = xavier_uniform(3, 3, gain=1e308, rng=0)  # U(-a, a) with 2a = inf: OverflowError
+    assert np.isfinite(w).all() and np.abs(w).max() > 1e306
+    with pytest.raises(AttnlabError, match="std: expected a value whose weights fit float64"):
+        normal(30, 30, std=1e308, rng=0)

@@ -459,3 +459,33 @@ def test_torch_sliding_window_mask_matches_numpy():
     for T, S, W in [(5, 5, 2), (3, 9, 4), (1, 7, 7), (0, 3, 1)]:
         np.testing.assert_array_equal(torch_mask(T, W, S=S).numpy(),
                                       sliding_window_mask(T, W, causal=True, S=S))
+
+
+@pytest.mark.parametrize("cache", [KVCache(1, 1, 4, dtype=np.float32),
+                                   SlidingWindowKVCache(1, 1, 4, window=2, dtype=np.float32)])
+def test_values_that_overflow_the_cache_dtype_are_refused(cache):
+    """float64 keys of 1e300 were cast to inf in a float32 cache (then NaN out)."""
+    huge = np.full((1, 1, 2, 4), 1e300)
+    with pytest.raises(AttnlabError, match=r"k: values up to 1e\+300 do not fit the cache's "
+                                           "dtype float32"):
+        cache.append(huge, np.ones((1, 1, 2, 4)))
+    with pytest.raises(AttnlabError, match="v: values up to"):
+        cache.attend(np.ones((1, 1, 2, 4)), np.ones((1, 1, 2, 4)), huge)
+    with pytest.raises(AttnlabError, match="q: values up to"):
+        cache.attend(huge, np.ones((1, 1, 2, 4)), np.ones((1, 1, 2, 4)))
+    assert cache.length == 0
+
+
+@pytest.mark.parametrize("make", [lambda: KVCache(1, 1, 4, dtype=np.float32),
+                                  lambda: SlidingWindowKVCache(1, 1, 4, window=2,
+                                                               dtype=np.float32)])
+def test_scores_against_cached_keys_that_would_overflow_are_refused(make):
+    cache = make()
+    big = np.full((1, 1, 1, 4), 1e20, np.float32)
+    cache.append(big, np.ones((1, 1, 1, 4), np.float32))
+    small = np.ones((1, 1, 1, 4), np.float32)
+    with pytest.raises(AttnlabError, match="q, k: the scaled scores could reach"):
+        cache.attend(big, small, small)  # q is huge against the huge key already cached
+    cache.reset()  # forgets the huge key too
+    out = cache.attend(big, small, small)
+    assert np.isfinite(out).all()

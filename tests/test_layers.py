@@ -438,3 +438,16 @@ def test_layers_with_same_seed_give_same_training_outputs():
 def test_validation_errors(make, match):
     with pytest.raises(attnlab.AttnlabError, match=match):
         make()
+
+
+@pytest.mark.parametrize("dtype, big", [(np.float64, 1e200), (np.float32, 3e38)])
+def test_layer_norm_of_huge_values_is_not_zero(dtype, big):
+    """The variance overflowed to inf and the row came out all zeros."""
+    x = np.array([[big, -big, 0.0, big / 2], [1.0, 2.0, 3.0, 4.0]], dtype=dtype)
+    out = LayerNorm(4)(x)
+    ref = LayerNorm(4)(x / np.abs(x).max(axis=-1, keepdims=True))  # scale-invariant
+    assert out.dtype == dtype and np.isfinite(out).all()
+    np.testing.assert_allclose(out[0], ref[0], rtol=1e-5)
+    np.testing.assert_allclose(out[1], LayerNorm(4)(x[1:])[0], rtol=1e-6)
+    same = LayerNorm(4)(np.full((1, 4), big, dtype=dtype))  # a constant row stays 0
+    assert (same == 0).all()

@@ -581,3 +581,18 @@ def test_call_validation(args, kwargs, match):
     mha = MultiHeadAttention(**_weights(), num_heads=2)
     with pytest.raises(attnlab.AttnlabError, match=match):
         mha(*args, **kwargs)
+
+
+@pytest.mark.parametrize("dtype, message", [
+    (int, "dtype: expected a float dtype .*, got int64"),  # was: every weight rounded to 0
+    ("banana", "dtype: expected a float dtype, got 'banana'"),
+])
+def test_init_refuses_non_float_dtypes(dtype, message):
+    with pytest.raises(attnlab.AttnlabError, match=message):
+        MultiHeadAttention.init(8, 2, dtype=dtype)
+
+
+def test_huge_inputs_are_refused_not_nan():
+    mha = MultiHeadAttention.init(8, 2)
+    with pytest.raises(attnlab.AttnlabError, match="the scaled scores could reach"):
+        mha(np.full((3, 8), 1e200))

@@ -254,3 +254,40 @@ def test_cli_bad_options_one_line_exit_2(capsys, argv, fragment):
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error:") and fragment in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    # Before: an internal error (exit 1), a MemoryError, or the OOM killer's silent exit 137.
+    (["--seed", "-1"], "--seed: expected an integer >= 0, got -1"),
+    (["--batch", "1000000000"], "--seq-lens/--batch: T = 32 with batch 1000000000"),
+    (["--seq-lens", "100000000"], "more than the limit of 2,147,483,648"),
+    (["--models", ""], "--models: expected names from"),  # was: silently the default
+    (["--out", ""], "--out: expected a folder, got an empty string"),
+])
+def test_cli_adversarial_options_one_line_exit_2(capsys, argv, fragment):
+    code = main(["profile", "--quick", *argv])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.startswith("error:") and fragment in captured.err
+    assert captured.err.count("\n") == 1
+
+
+def test_cli_refuses_more_memory_than_the_machine_has(capsys, monkeypatch):
+    import attnlab.cli
+
+    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1000}  # a 4 MB machine
+    monkeypatch.setattr(attnlab.cli.os, "sysconf", lambda name: pages[name])
+    code = main(["profile", "--quick", "--seq-lens", "512"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "--seq-lens/--batch: T = 512 with batch 1 (4 heads) needs about" in err
+    assert "more than this machine's 0.0 GiB of memory" in err
+
+
+def test_cli_out_that_is_a_file_fails_before_profiling(capsys, tmp_path):
+    (tmp_path / "file").write_text("")
+    code = main(["profile", "--quick", "--out", str(tmp_path / "file")])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""  # nothing was measured first
+    assert captured.err == f"error: --out: expected a folder, got {tmp_path / 'file'}, " \
+                           "which is a file\n"

@@ -211,3 +211,52 @@ def test_errors_are_value_errors():
     # AttnlabError subclasses ValueError, so existing `except ValueError` code keeps working.
     with pytest.raises(ValueError):
         sdpa(q3, k5, v5, is_causal=1)
+
+
+# ---- adversarial values: never NaN, never a bare torch error
+
+HUGE = torch.full((2, 4), 1e20)  # float32: q·kᵀ = 4e40 overflows to inf, softmax to NaN
+
+
+@pytest.mark.parametrize("call", [
+    lambda: sdpa(HUGE, HUGE, Z(2, 4)),
+    lambda: sdpa(HUGE, HUGE, Z(2, 4), return_weights=True),
+    lambda: sdpa(HUGE.double() * 1e180, HUGE.double() * 1e180, Z(2, 4, dtype=torch.float64)),
+    lambda: sdpa(torch.tensor([[3e38, 3e38]]), torch.ones(2, 2), torch.ones(2, 2)),
+    lambda: mha()(*[torch.full((1, 3, 8), 1e30)] * 3),
+])
+def test_scores_that_would_overflow_are_refused_not_nan(call):
+    with pytest.raises(AttnlabError, match="q, k: the scaled scores could reach"):
+        call()
+
+
+@pytest.mark.parametrize("dim", ["0", 0.5, True])
+def test_softmax_dim_must_be_an_int(dim):
+    with pytest.raises(AttnlabError, match=r"^dim: expected an int in \[-1, 0\], got"):
+        at.softmax(torch.zeros(3), dim=dim)
+
+
+@pytest.mark.parametrize("make", [
+    lambda dtype: at.MultiHeadAttention(2, 8, dtype=dtype),
+    lambda dtype: at.LayerNorm(4, dtype=dtype),
+    lambda dtype: at.SelfAttentionLayer(8, 2, dtype=dtype),
+])
+@pytest.mark.parametrize("dtype", [torch.int64, "float32"])
+def test_module_dtype_must_be_a_torch_float_dtype(make, dtype):
+    with pytest.raises(AttnlabError, match="^dtype: expected a torch float dtype or None"):
+        make(dtype)
+
+
+@pytest.mark.parametrize("cache", [at.KVCache(1, 1, 4),
+                                   at.SlidingWindowKVCache(1, 1, 4, window=2)])
+def test_kv_cache_refuses_values_its_dtype_cannot_hold_and_overflowing_scores(cache):
+    huge = torch.full((1, 1, 2, 4), 1e300, dtype=torch.float64)
+    with pytest.raises(AttnlabError, match=r"^k: values up to 1e\+300 do not fit the cache's "
+                                           r"dtype torch.float32"):
+        cache.append(huge, torch.ones(1, 1, 2, 4, dtype=torch.float64))
+    big, one = torch.full((1, 1, 1, 4), 1e20), torch.ones(1, 1, 1, 4)
+    cache.append(big, one)
+    with pytest.raises(AttnlabError, match="q, k: the scaled scores could reach"):
+        cache.attend(big, one, one)  # against the huge key appended before
+    cache.reset()
+    assert torch.isfinite(cache.attend(big, one, one)).all()

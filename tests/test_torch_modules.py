@@ -248,3 +248,15 @@ def test_finite_check_is_not_fooled_by_an_overflowing_sum():
     with pytest.raises(attnlab.AttnlabError, match=r"^x: expected finite values, got 1 "):
         enc(torch.cat([x, torch.full((1, 1, 4), 3e38).index_fill(2, torch.tensor([1]),
                                                                  float("nan"))], dim=1))
+
+
+def test_layer_norm_of_huge_values_matches_the_numpy_core_not_nan():
+    """torch's kernel gives NaN when the squares overflow; the result is scale-invariant."""
+    x = np.array([[1e200, -1e200, 0.0, 1.0], [1.0, 2.0, 3.0, 4.0]])
+    norm = at.LayerNorm(4, dtype=torch.float64)
+    out = norm(torch.from_numpy(x)).detach().numpy()
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, attnlab.LayerNorm(4)(x), rtol=1e-12, atol=1e-300)
+    x32 = torch.tensor([[3e38, -3e38, 0.0, 1.0], [3e38, 3e38, 3e38, 3e38]])
+    out32 = at.LayerNorm(4)(x32)
+    assert torch.isfinite(out32).all() and (out32[1] == 0).all()  # a constant row: 0

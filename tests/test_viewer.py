@@ -159,7 +159,11 @@ def test_stable_ids_for_scripts_and_tests() -> None:
 def test_chinese_interface() -> None:
     page = render_html(random_weights(), TOKENS, lang="zh")
     assert '<html lang="zh-CN">' in page and "注意力权重" in page
-    assert embedded_json(page)["words"]["layer_option"] == "第 {n} 层"
+    words = embedded_json(page)["words"]
+    assert words["layer_option"] == "第 {n} 层"
+    # The legend names the flags exactly as the badges do.
+    for flag in ("近似均匀", "过度稀疏", "汇聚到特殊词", "关注前一个词"):
+        assert flag in words["flag_text"].values() and flag in words["legend"]
 
 
 def test_three_dimensional_weights_and_cross_attention() -> None:

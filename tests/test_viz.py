@@ -374,3 +374,12 @@ def test_plotting_never_imports_pyplot(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""  # library code never prints
+
+
+def test_tokens_no_font_has_are_drawn_without_warnings(tmp_path):
+    """An emoji or control-character token printed two warning lines per glyph and file."""
+    fig = plot_attention(np.eye(2), ["🙂", "\x01"], ["🙂", "\x01"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in ("tokens.png", "tokens.svg"):
+            assert save_figure(fig, tmp_path / name).stat().st_size > 0

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .attention import scaled_dot_product_attention
+from .attention import MAX_SCORE_ELEMENTS, scaled_dot_product_attention
 from .errors import AttnlabError, check_positive_int, missing_extra
 from .lowrank import (
     linformer_attention,
@@ -153,6 +153,16 @@ class StudyConfig:
         if any(t > 256 for t in self.minilm_lengths):
             raise AttnlabError(f"minilm_lengths: expected at most 256 (MiniLM's limit), "
                                f"got {self.minilm_lengths}")
+        longest = [("lengths", T) for T in self.lengths]
+        if self.long_length is not None:
+            longest.append(("long_length", self.long_length))
+        for name, T in longest:
+            if isinstance(T, int) and T * T > MAX_SCORE_ELEMENTS:  # exact attention is the baseline
+                raise AttnlabError(
+                    f"{name}: exact attention at T = {T} needs a {T}×{T} score matrix, more than "
+                    f"attnlab.attention.MAX_SCORE_ELEMENTS = {MAX_SCORE_ELEMENTS:,}; expected "
+                    f"T <= {math.isqrt(MAX_SCORE_ELEMENTS)}"
+                )
         check_positive_int(self.head_dim, "head_dim")
         check_positive_int(self.repeats, "repeats")
         check_positive_int(self.seed, "seed", allow_zero=True)

@@ -63,9 +63,16 @@ def softmax(x: Any, axis: int = -1) -> np.ndarray:
         raise AttnlabError("x: expected finite values or -inf, got NaN or +inf")
     if arr.ndim == 0:
         raise ShapeError("x: expected at least 1 dimension, got a scalar")
-    if not -arr.ndim <= axis < arr.ndim:
-        raise AttnlabError(f"axis: expected an int in [{-arr.ndim}, {arr.ndim - 1}], got {axis}")
+    axis = check_axis(axis, arr.ndim)
     return _softmax(arr, axis)
+
+
+def check_axis(axis: Any, ndim: int, name: str = "axis") -> int:
+    """Return ``axis`` as an int in [-ndim, ndim - 1], or raise naming ``name``."""
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)) \
+            or not -ndim <= axis < ndim:
+        raise AttnlabError(f"{name}: expected an int in [{-ndim}, {ndim - 1}], got {axis!r}")
+    return int(axis)
 
 
 def _softmax_inplace(scores: np.ndarray) -> np.ndarray:
@@ -78,7 +85,8 @@ def _softmax_inplace(scores: np.ndarray) -> np.ndarray:
         return scores
     row_max = np.max(scores, axis=-1, keepdims=True)  # (..., T, 1)
     row_max[np.isneginf(row_max)] = 0.0  # all-masked row: avoid -inf - -inf
-    scores -= row_max
+    with np.errstate(over="ignore"):  # -1e308 - 1e308 = -inf: exp gives its exact weight 0
+        scores -= row_max
     np.exp(scores, out=scores)
     sums = np.sum(scores, axis=-1, keepdims=True)  # (..., T, 1)
     sums[sums == 0.0] = 1.0  # nothing to attend to: leave the zeros
@@ -92,7 +100,8 @@ def _softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
     if row_max is None:  # S = 0: nothing to normalise
         return np.zeros_like(scores)
     row_max = np.where(np.isneginf(row_max), 0.0, row_max)  # all-masked row: avoid -inf - -inf
-    exps = np.exp(scores - row_max)
+    with np.errstate(over="ignore"):  # -1e308 - 1e308 = -inf: exp gives its exact weight 0
+        exps = np.exp(scores - row_max)
     sums = np.sum(exps, axis=axis, keepdims=True)
     # Rows with nothing to attend to have sum 0: divide by 1 instead, leaving zeros.
     return exps / np.where(sums == 0.0, 1.0, sums)
@@ -254,9 +263,47 @@ def _prepare(
             raise AttnlabError("bias: expected finite values or -inf, got NaN or +inf")
         check_broadcastable(bias_arr.shape, score_shape, "bias", "(..., T, S)")
         bias_arr = bias_arr.astype(dtype, copy=False)
+    check_score_range(
+        abs_max(q_arr), abs_max(k_arr), D, scale_value, dtype,
+        bias_max=float(np.max(bias_arr)) if bias_arr is not None and bias_arr.size else 0.0,
+    )
 
     out_dtype = np.dtype(np.float16) if all_half else dtype
     return q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, out_dtype
+
+
+def abs_max(arr: np.ndarray) -> float:
+    """The largest |value| of a finite array, as a Python float (0.0 if it is empty)."""
+    if arr.size == 0:
+        return 0.0
+    return max(float(np.max(arr)), -float(np.min(arr)))
+
+
+def check_score_range(
+    q_max: float, k_max: float, D: int, scale: float, dtype: Any, *, bias_max: float = 0.0,
+    names: str = "q, k",
+) -> None:
+    """Refuse q and k whose scaled scores q·kᵀ·scale could overflow ``dtype``.
+
+    An overflowed score is ±inf: +inf turns its softmax row into NaN, a row of
+    -inf silently into zeros. |q_i·k_j| ≤ D·max|q|·max|k|, so this bound, read
+    from two O(T·D + S·D) reductions, rules overflow out before any O(T·S) work.
+    It is far from any real input (float32: max|q|·max|k| ≈ 4e37 at D = 64).
+    ``q_max · |scale|`` is bounded too: the tiled path folds the scale into q.
+    """
+    limit = float(np.finfo(dtype).max)
+    scale = abs(float(scale))
+    bound = q_max * k_max * D * scale  # Python floats: inf on overflow, no exception
+    if bound + max(bias_max, 0.0) < limit and q_max * scale < limit:
+        return
+    advice = "scale q and k down" + ("" if np.dtype(dtype) == np.float64 else
+                                     ", or compute in float64")
+    raise AttnlabError(
+        f"{names}: the scaled scores could reach {bound:.3g} (D·max|q|·max|k|·|scale| with "
+        f"D = {D}, max|q| = {q_max:.3g}, max|k| = {k_max:.3g}, scale = {scale:.3g}), beyond "
+        f"{np.dtype(dtype)}'s largest value {limit:.3g}: they would overflow to inf and give "
+        f"NaN; {advice}"
+    )
 
 
 def self_attention(X: Any, Wq: Any, Wk: Any, Wv: Any) -> np.ndarray:

@@ -261,7 +261,7 @@ def _calls_per_sample(fn: Callable[[], Any], min_time: float) -> int:
     one = _sample(fn, 1)
     if one >= min_time or one <= 0:
         return 1
-    return min(10_000, math.ceil(min_time / one))
+    return math.ceil(min(10_000.0, min_time / one))  # min_time / one may be inf
 
 
 def peak_traced_bytes(fn: Callable[[], Any]) -> int:

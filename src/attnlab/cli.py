@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,20 +42,30 @@ def parse_matrix(text: str) -> np.ndarray:
         if not path.is_file():
             raise CliError(f"--x: file not found: {text}")
         try:
+            with path.open("rb") as f:
+                if f.read(6) != b"\x93NUMPY":  # np.load would try it as a pickle
+                    raise CliError(f"--x: {text} is not a .npy file (no NumPy header)")
             return np.asarray(np.load(path, allow_pickle=False))
-        except (ValueError, OSError) as exc:
+        except (ValueError, OSError, EOFError) as exc:
             raise CliError(f"--x: could not read {text} as a .npy array ({exc})") from None
     if text.endswith((".csv", ".txt")):
         if not path.is_file():
             raise CliError(f"--x: file not found: {text}")
         try:
-            return np.atleast_2d(np.loadtxt(path, delimiter=",", ndmin=2))
-        except ValueError as exc:
+            with warnings.catch_warnings():  # "input contained no data": reported below
+                warnings.simplefilter("ignore", UserWarning)
+                matrix = np.atleast_2d(np.loadtxt(path, delimiter=",", ndmin=2))
+        except (ValueError, OSError) as exc:
             raise CliError(f"--x: could not read {text} as a numeric CSV ({exc})") from None
+        if matrix.size == 0:
+            raise CliError(f"--x: {text} holds no numbers")
+        return matrix
     stripped = text.strip()
     try:
         if stripped.startswith("["):
             rows = json.loads(stripped)
+            if not _numbers_only(rows):  # np.array would read true as 1.0 and "2" as 2.0
+                raise ValueError("not a matrix of numbers")
         else:
             rows = [[float(x) for x in row.replace(",", " ").split()]
                     for row in stripped.split(";") if row.strip()]
@@ -66,6 +78,50 @@ def parse_matrix(text: str) -> np.ndarray:
     if matrix.ndim != 2:
         raise CliError(f"--x: expected a 2-D matrix (rows = tokens), got shape {matrix.shape}")
     return matrix
+
+
+def _numbers_only(rows: Any) -> bool:
+    """Whether parsed JSON is nested lists of numbers (no bools, strings or nulls)."""
+    if isinstance(rows, list):
+        return all(_numbers_only(row) for row in rows)
+    return isinstance(rows, (int, float)) and not isinstance(rows, bool)
+
+
+def prepare_out_dir(text: str, flag: str = "--out") -> Path:
+    """Create the output folder ``text`` now, before any long computation, or raise.
+
+    A folder that cannot be made or written to (an empty name, a path through a
+    regular file, an existing file, /proc, no permission) is reported naming
+    ``flag`` at once, not after minutes of measuring.
+    """
+    if not text.strip():
+        raise CliError(f"{flag}: expected a folder, got an empty string")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise CliError(f"{flag}: expected a folder, got {text}, which is a file")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"{flag}: could not create the folder {text} "
+                       f"({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CliError(f"{flag}: the folder {text} is not writable")
+    return path
+
+
+def check_memory(nbytes: float, flag: str, what: str) -> None:
+    """Refuse a run that needs more than this machine's physical memory, naming ``flag``.
+
+    Better than the alternative: the kernel's out-of-memory killer ending the
+    process with no message at all.
+    """
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not available on this platform
+        return
+    if total > 0 and nbytes > total:
+        raise CliError(f"{flag}: {what} needs about {nbytes / 2**30:,.1f} GiB, more than this "
+                       f"machine's {total / 2**30:,.1f} GiB of memory; use smaller sizes")
 
 
 #: Sub-commands: each module ``attnlab.cli_<name>`` has ``add_parser(sub)`` and
@@ -98,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except OSError as exc:
         print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return EXIT_USAGE
+    except MemoryError as exc:  # an allocation far beyond this machine: say which, in one line
+        detail = str(exc) or "an array did not fit in memory"
+        print(f"error: not enough memory: {detail}; use smaller sizes", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .cli import CliError
+from .cli import CliError, check_memory, prepare_out_dir
 
 
 def _lengths(text: str) -> tuple[int, ...]:
@@ -70,14 +70,24 @@ def run(args: argparse.Namespace) -> int:
         changes["long_length"] = args.long or None
     if args.repeats is not None:
         changes["repeats"] = args.repeats
-    config = StudyConfig.quick(**changes) if args.quick else StudyConfig(**changes)
+    config = (StudyConfig.quick(**changes) if args.quick else StudyConfig(**changes)).check()
+    # Exact attention, the baseline: float64 scores and weights (and a temporary) at the
+    # longest Gaussian length; float32 at the long-sequence check.
+    needs = [(24 * T * T, "--lengths", f"exact attention at T = {T}") for T in config.lengths]
+    if config.long_length is not None:
+        T = config.long_length
+        needs.append((12 * T * T, "--long", f"dense attention at T = {T}"))
+    for nbytes, flag, what in needs:
+        check_memory(nbytes, flag, what)
+    if args.out is not None:
+        prepare_out_dir(args.out)
 
     def progress(line: str) -> None:
         print(f"... {line}", file=sys.stderr, flush=True)
 
     result = run_study(config, progress=progress)
     print(format_table(result))
-    if args.out:
+    if args.out is not None:
         for path in save_study(result, args.out):
             print(f"wrote {path}", file=sys.stderr)
     else:

@@ -16,7 +16,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from .cli import CliError
+from .cli import CliError, prepare_out_dir
 
 DEFAULT_OUT = "attnlab-bench"
 
@@ -157,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     from .bench import format_table, run_benchmarks, write_report
 
     config = build_config(args)
+    prepare_out_dir(args.out)  # now, not after minutes of measuring
     progress = None if args.no_progress else _ProgressBar(sys.stderr)
     result = run_benchmarks(config, progress=progress)
     print(format_table(result))

@@ -6,7 +6,11 @@ import argparse
 import sys
 from typing import Any
 
-from .cli import CliError, parse_matrix
+from .cli import CliError, parse_matrix, prepare_out_dir
+
+#: explain prints every matrix; past this many numbers the text is unreadable and
+#: slow (500 tokens × 8 features is ~0.8 million numbers, ~4 s).
+MAX_PRINTED = 2_000_000
 
 
 def add_parser(sub: Any) -> None:
@@ -21,7 +25,7 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--x", metavar="MATRIX",
                     help="input X (T×E): inline '1,0,1,0; 0,2,0,2' or JSON, or a .npy/.csv file")
     ex.add_argument("--d-k", type=int, default=3, help="head dim d_k (default 3)")
-    ex.add_argument("--d-model", type=int, default=4,
+    ex.add_argument("--d-model", type=int,
                     help="embedding width for --tokens without --x (default 4)")
     ex.add_argument("--heads", type=int, default=1, help="number of heads (default 1)")
     ex.add_argument("--causal", action="store_true", help="causal mask: no peeking ahead")
@@ -45,8 +49,19 @@ def run(args: argparse.Namespace) -> int:
     X = parse_matrix(args.x) if args.x is not None else None
     if not 0 <= args.precision <= 12:
         raise CliError(f"--precision: expected 0..12, got {args.precision}")
+    if args.d_model is not None and (X is not None or tokens is None):
+        raise CliError("--d-model: only used with --tokens and no --x (the width of the toy "
+                       f"embeddings), got --d-model {args.d_model} with "
+                       f"{'--x' if X is not None else 'no --tokens'}")
+    d_model = 4 if args.d_model is None else args.d_model
+    if X is not None and X.ndim == 2:
+        T, E = X.shape
+    else:
+        T, E = (3, 4) if tokens is None else (len(tokens), d_model)
+    _check_printable(T, E, args.heads, args.d_k, args.causal)
+    out_dir = prepare_out_dir(args.out) if args.out is not None else None
     trace = explain(
-        X, tokens=tokens, d_k=args.d_k, d_model=args.d_model, num_heads=args.heads,
+        X, tokens=tokens, d_k=args.d_k, d_model=d_model, num_heads=args.heads,
         causal=args.causal, seed=args.seed, scheme=args.init,
     )
     if args.fmt == "json":
@@ -55,9 +70,28 @@ def run(args: argparse.Namespace) -> int:
         print(trace.to_markdown(args.lang, precision=args.precision))
     else:
         print(trace.to_text(args.lang, precision=args.precision))
-    if args.out:
-        written = trace.save(args.out, lang=args.lang)
+    if out_dir is not None:
+        written = trace.save(out_dir, lang=args.lang)
         label = "已写入" if args.lang == "zh" else "wrote"
         for path in written:
             print(f"{label} {path}", file=sys.stderr)
     return 0
+
+
+def _check_printable(T: int, E: int, H: int, D: int, causal: bool) -> None:
+    """Refuse sizes whose printout would take minutes and gigabytes (or memory) to make.
+
+    Counts the numbers explain prints: X, Wq/Wk/Wv, then per head Q, K, V,
+    scores, scaled, [masked], weights and output, then the concatenation.
+    Bad values (d_k < 1, ...) are left to explain's own checks.
+    """
+    if min(T, E, H, D) < 1:
+        return
+    per_head = 4 * T * D + (4 if causal else 3) * T * T
+    count = T * E + 3 * E * H * D + H * per_head + (T * H * D if H > 1 else 0)
+    if count > MAX_PRINTED:
+        raise CliError(
+            f"--x/--tokens/--d-model/--heads/--d-k: explain prints every matrix, and T = {T} "
+            f"tokens, E = {E}, {H} head(s) of d_k = {D} would print {count:,} numbers, more "
+            f"than {MAX_PRINTED:,}; use smaller sizes, or attnlab.explain() from Python"
+        )

@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
-from .cli import CliError
+from .cli import CliError, prepare_out_dir
 
 DEFAULT_TEXT = "小明去了学校"
 
@@ -66,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.text.strip():
         raise CliError("text: expected some text, got an empty string")
+    out = prepare_out_dir(args.out)
     model = load_bert(args.model) if args.model else load_minilm()
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads
     layers = _select(args.layer, L, "--layer")
@@ -75,8 +75,6 @@ def run(args: argparse.Namespace) -> int:
     tokens = trace.tokens
     diagnostics = diagnose(weights, tokens)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     zh = args.lang == "zh"
     names = [f"{'层' if zh else 'Layer'} {layer + 1} · {'头' if zh else 'Head'} {head + 1}"
              for layer in layers for head in heads]
@@ -103,4 +101,13 @@ def run(args: argparse.Namespace) -> int:
     label = "已写入" if zh else "wrote"
     for path in written:
         print(f"{label} {path}", file=sys.stderr)
+    if _truncated(model, args.text):
+        print(f"note: the text is longer than the model's {len(tokens)} tokens; only its "
+              "start was run", file=sys.stderr)
     return 0
+
+
+def _truncated(model: Any, text: str) -> bool:
+    """Whether the tokenizer cut ``text`` to the model's max_length."""
+    tokenizer = getattr(model, "tokenizer", None)
+    return tokenizer is not None and bool(tokenizer.encode(text).overflowing)

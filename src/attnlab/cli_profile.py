@@ -12,10 +12,9 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from .cli import CliError
+from .cli import CliError, check_memory, prepare_out_dir
 
 MODEL_CHOICES = ("minilm", "bert-base", "tiny")
 DEFAULT_MODELS = "minilm,bert-base"
@@ -102,14 +101,37 @@ def _build_models(names: list[str], longest: int, seed: int) -> tuple[dict[str, 
     return models, notes
 
 
+def _check_sizes(names: list[str], seq_lens: list[int], batch: int) -> None:
+    """Refuse T and batch whose (B, H, T, T) score matrices cannot be held, before any work."""
+    from .attention import MAX_SCORE_ELEMENTS
+    from .profile import BERT_BASE, TINY
+
+    heads = max({"minilm": 12, "bert-base": BERT_BASE.num_attention_heads,
+                 "tiny": TINY.num_attention_heads}[name] for name in names)
+    T = max(seq_lens)
+    n_scores = batch * heads * T * T
+    if n_scores > MAX_SCORE_ELEMENTS:
+        raise CliError(f"--seq-lens/--batch: T = {T} with batch {batch} and {heads} heads needs "
+                       f"a score matrix of {n_scores:,} elements, more than the limit of "
+                       f"{MAX_SCORE_ELEMENTS:,} (attnlab.attention.MAX_SCORE_ELEMENTS)")
+    # The timed step by step forward holds about five float32 arrays of the scores' size.
+    check_memory(5 * 4 * n_scores, "--seq-lens/--batch",
+                 f"T = {T} with batch {batch} ({heads} heads)")
+
+
 def run(args: argparse.Namespace) -> int:
-    names = _model_names(args.models or ("tiny" if args.quick else DEFAULT_MODELS))
-    seq_lens = _int_list(args.seq_lens or (QUICK_SEQ_LENS if args.quick else DEFAULT_SEQ_LENS),
-                         "--seq-lens")
+    names = _model_names(args.models if args.models is not None
+                         else ("tiny" if args.quick else DEFAULT_MODELS))
+    seq_lens = _int_list(args.seq_lens if args.seq_lens is not None
+                         else (QUICK_SEQ_LENS if args.quick else DEFAULT_SEQ_LENS), "--seq-lens")
     repeats = _positive(args.repeats if args.repeats is not None
                         else (1 if args.quick else DEFAULT_REPEATS), "--repeats")
     threads = _positive(args.threads, "--threads")
     batch = _positive(args.batch, "--batch")
+    if args.seed < 0:
+        raise CliError(f"--seed: expected an integer >= 0, got {args.seed}")
+    _check_sizes(names, seq_lens, batch)
+    folder = prepare_out_dir(args.out) if args.out is not None else None
 
     from .profile import plot_shares, profile
 
@@ -120,9 +142,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2, ensure_ascii=False))
     else:
         print(format_report(report))
-    if args.out:
-        folder = Path(args.out)
-        folder.mkdir(parents=True, exist_ok=True)
+    if folder is not None:
         path = folder / "profile.json"
         path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {path}", file=sys.stderr)

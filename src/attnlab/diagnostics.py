@@ -149,13 +149,14 @@ _FLAG_TEXT = {
 _HEAD_COLUMNS = {
     "en": ["layer", "head", "entropy", "max w", "[CLS]/[SEP]", "prev", "next", "self",
            "flags"],
-    "zh": ["层", "头", "归一化熵", "平均最大权重", "[CLS]/[SEP]占比", "前一个词", "后一个词",
-           "自身", "标记"],
+    "zh": ["层", "头", "归一化熵", "平均最大权重", "[CLS]/[SEP] 占比", "前一个词", "后一个词",
+           "自身", "提示"],
 }
 _LAYER_COLUMNS = {
     "en": ["layer", "mean JS distance", "closest heads", "near-duplicate heads"],
-    "zh": ["层", "平均JS距离", "最相近的两个头", "近似重复的头"],
+    "zh": ["层", "平均 JS 距离", "最相近的两个头", "近似重复的头"],
 }
+_LIST_SEP = {"en": ", ", "zh": "、"}  # between flags, between head pairs
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,7 @@ class Diagnostics:
                  *(_cell(x, precision) for x in (h.entropy, h.max_weight, h.special_share,
                                                  h.previous_token, h.next_token,
                                                  h.self_token)),
-                 ", ".join(_FLAG_TEXT[f][lang] for f in h.flags) or "-"]
+                 _LIST_SEP[lang].join(_FLAG_TEXT[f][lang] for f in h.flags) or "-"]
                 for h in self.heads]
         out = _table(_HEAD_COLUMNS[lang], rows, left={8})
         layer_rows = []
@@ -280,7 +281,8 @@ class Diagnostics:
             closest = "-" if layer.closest_pair is None else (
                 f"{layer.closest_pair[0] + 1}~{layer.closest_pair[1] + 1} "
                 f"({layer.closest_pair[2]:.{precision}f})")
-            dupes = ", ".join(f"{a + 1}~{b + 1}" for a, b, _ in layer.near_duplicates) or "-"
+            dupes = _LIST_SEP[lang].join(
+                f"{a + 1}~{b + 1}" for a, b, _ in layer.near_duplicates) or "-"
             layer_rows.append([str(layer.layer + 1), _cell(layer.mean_js_distance, precision),
                                closest, dupes])
         out += [""] + _table(_LAYER_COLUMNS[lang], layer_rows, left={2, 3})

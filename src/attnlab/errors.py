@@ -19,6 +19,7 @@ import numpy as np
 __all__ = [
     "AttnlabError",
     "ShapeError",
+    "as_array",
     "as_float_array",
     "as_bool_mask",
     "check_ndim",
@@ -59,10 +60,7 @@ def as_float_array(x: Any, name: str, *, allow_nonfinite: bool = False) -> np.nd
     """
     if x is None:
         raise AttnlabError(f"{name}: expected an array, got None")
-    try:
-        arr = np.asarray(x)
-    except (ValueError, TypeError) as exc:  # ragged nested lists
-        raise AttnlabError(f"{name}: could not be read as a numeric array ({exc})") from None
+    arr = as_array(x, name, "a numeric array")
     if arr.dtype == np.bool_:
         raise AttnlabError(f"{name}: expected a numeric array, got dtype bool")
     if np.issubdtype(arr.dtype, np.integer):
@@ -76,6 +74,14 @@ def as_float_array(x: Any, name: str, *, allow_nonfinite: bool = False) -> np.nd
     if not allow_nonfinite:
         check_finite(arr, name)
     return arr
+
+
+def as_array(x: Any, name: str, what: str = "an array") -> np.ndarray:
+    """``np.asarray(x)``, with a ragged nested list reported as an AttnlabError naming ``name``."""
+    try:
+        return np.asarray(x)
+    except (ValueError, TypeError) as exc:  # ragged nested lists
+        raise AttnlabError(f"{name}: could not be read as {what} ({exc})") from None
 
 
 def check_finite(arr: np.ndarray, name: str) -> None:
@@ -130,7 +136,7 @@ def as_bool_mask(mask: Any, name: str = "mask") -> np.ndarray:
     convert them with :func:`attnlab.masks.from_blocked` /
     :func:`attnlab.masks.from_keep`, or pass additive values through ``bias``.
     """
-    arr = np.asarray(mask)
+    arr = as_array(mask, name)
     if arr.dtype != np.bool_:
         raise AttnlabError(
             f"{name}: expected a bool array (True = may attend), got dtype {arr.dtype}. "

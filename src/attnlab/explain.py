@@ -38,13 +38,33 @@ def token_embeddings(tokens: list[str], d_model: int = 4) -> np.ndarray:
     The same token always gets the same vector (seeded by a CRC32 of its UTF-8
     text, not Python's per-process ``hash``), drawn from a standard normal. It
     is for demonstrations: it carries no meaning.
+
+    >>> E = token_embeddings(["小明", "去了", "小明"])
+    >>> E.shape, bool((E[0] == E[2]).all())
+    ((3, 4), True)
     """
+    tokens = _check_tokens(tokens)
     if not tokens:
         raise AttnlabError("tokens: expected at least one token, got none")
     E = check_positive_int(d_model, "d_model")
     rows = [np.random.default_rng(zlib.crc32(t.encode("utf-8"))).standard_normal(E)
             for t in tokens]
     return np.stack(rows)  # (T, E)
+
+
+def _check_tokens(tokens: Any) -> list[str]:
+    """``tokens`` as a list of labels (each str()-ed); a bare string is refused, not split."""
+    if isinstance(tokens, str):
+        raise AttnlabError(
+            f"tokens: expected a list of tokens, got the string {tokens!r}; "
+            "split it first, e.g. text.split()"
+        )
+    try:
+        return [str(t) for t in tokens]
+    except TypeError:
+        raise AttnlabError(
+            f"tokens: expected a list of tokens, got {type(tokens).__name__}"
+        ) from None
 
 
 def explain(
@@ -66,14 +86,28 @@ def explain(
     """Self-attention on ``X`` with every intermediate recorded.
 
     Shapes:
-        X        (T, E); default seed 000's (3, 4), or ``token_embeddings(tokens)``
+        X        (T, E); default seed 000's (3, 4), or ``token_embeddings(tokens,
+                 d_model)`` (T, d_model) when only ``tokens`` are given
         tokens   T labels (default "word1".. / the tokens given)
         Wq, Wk   (E, H*d_k);  Wv (E, H*d_k) — head h uses columns h*d_k:(h+1)*d_k
         Wo       (H*d_k, E_out), optional; without it the heads are just concatenated
                  (seed 000's multi_head_attention)
-        mask     bool (T, T), True = may attend
+        mask     bool, broadcastable to (T, T); True = may attend
+        causal   True: token i may attend to tokens j <= i only (combined with mask)
         -> Trace with steps X, Wq, Wk, Wv, then per head Q, K, V, scores, scaled,
            [masked], weights, output, then concat [, Wo, projected] for H > 1.
+
+    Formula, for each head h (Wq_h = Wq[:, h*d_k:(h+1)*d_k], likewise Wk_h, Wv_h)::
+
+        Q, K, V = X·Wq_h, X·Wk_h, X·Wv_h           (T, d_k) each
+        scores  = Q·Kᵀ                             (T, T)
+        scaled  = scores / √d_k
+        masked  = scaled, with -∞ where blocked    (only with mask or causal)
+        weights = softmax(masked or scaled, axis=-1)   each row sums to 1
+        output  = weights·V                        (T, d_k)
+
+    then, for H > 1, concat = [output_1 | … | output_H] (T, H*d_k) and, with Wo,
+    projected = concat·Wo (T, E_out).
 
     Weights not given are drawn from ``seed`` with ``scheme`` ("normal" = the
     seeds' ``randn``; "xavier"; "xavier_normal").
@@ -83,9 +117,16 @@ def explain(
     ['X', 'Wq', 'Wk', 'Wv', 'Q', 'K']
     >>> trace.get("weights").values.sum(axis=-1).round(6).tolist()
     [1.0, 1.0, 1.0]
+    >>> causal = explain(tokens=["小明", "去了", "学校"], num_heads=2, causal=True)
+    >>> causal.get("weights", head=1).values.shape, causal.output.shape
+    ((3, 3), (3, 6))
+    >>> print(causal.to_text("zh").splitlines()[1])
+    词：小明 | 去了 | 学校
     """
     H = check_positive_int(num_heads, "num_heads")
     D = check_positive_int(d_k, "d_k")
+    if tokens is not None:
+        tokens = _check_tokens(tokens)
     if X is None:
         x_arr = SEED_000_X if tokens is None else token_embeddings(tokens, d_model)
     else:
@@ -116,12 +157,14 @@ def explain(
             weights[name] = w
 
     steps = [Step("X", x_arr, "X")]
-    steps += [Step(n, w, f"{n}  (E×H·d_k)") for n, w in weights.items()]
+    size = f"E × d_k = {E} × {D}" if H == 1 else f"E × H·d_k = {E} × {H}·{D}"
+    steps += [Step(n, w, f"{n}: {size}") for n, w in weights.items()]
     head_outputs = []
     scale = 1.0 / np.sqrt(D)
     for h in range(H):
         cols = slice(h * D, (h + 1) * D)
         tag = {"head": h if H > 1 else None}
+        part = "" if H == 1 else f"[:, {h * D}:{(h + 1) * D}]"  # this head's columns
         Q = x_arr @ weights["Wq"][:, cols]  # (T, D)
         K = x_arr @ weights["Wk"][:, cols]  # (T, D)
         V = x_arr @ weights["Wv"][:, cols]  # (T, D)
@@ -130,9 +173,9 @@ def explain(
         scores = Q @ K.T  # (T, T)
         scaled = scores * scale  # (T, T)
         steps += [
-            Step("Q", Q, "Q = X·Wq", **tag),
-            Step("K", K, "K = X·Wk", **tag),
-            Step("V", V, "V = X·Wv", **tag),
+            Step("Q", Q, f"Q = X·Wq{part}", **tag),
+            Step("K", K, f"K = X·Wk{part}", **tag),
+            Step("V", V, f"V = X·Wv{part}", **tag),
             Step("scores", scores, "scores = Q·Kᵀ", **tag),
             Step("scaled", scaled, f"scaled = scores / √d_k = scores / √{D}", **tag),
         ]
@@ -151,12 +194,13 @@ def explain(
 
     if H > 1:
         concat = np.concatenate(head_outputs, axis=-1)  # (T, H*D)
-        steps.append(Step("concat", concat, "concat = [head_1 | … | head_H]"))
+        parts = [f"head_{h + 1}" for h in range(H)] if H <= 4 else ["head_1", "…", f"head_{H}"]
+        steps.append(Step("concat", concat, "concat = [" + " | ".join(parts) + "]"))
         if Wo is not None:
             wo = as_float_array(Wo, "Wo")
             if wo.ndim != 2 or wo.shape[0] != H * D:
                 raise ShapeError(f"Wo: expected ({H * D}, E_out), got {shape_str(wo.shape)}")
-            steps += [Step("Wo", wo, "Wo  (H·d_k×E_out)"),
+            steps += [Step("Wo", wo, f"Wo: H·d_k × E_out = {H}·{D} × {wo.shape[1]}"),
                       Step("projected", concat @ wo, "out = concat·Wo")]
     elif Wo is not None:
         raise AttnlabError("Wo: only used with num_heads > 1 (it mixes the heads)")

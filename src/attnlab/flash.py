@@ -31,6 +31,7 @@ with nothing to attend to gets output 0 (never NaN) and log-sum-exp -inf.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -173,6 +174,7 @@ def flash_attention(
     scale_typed = dtype.type(scale_value)
     q_full = np.broadcast_to(q_arr, (*batch, T, D))  # (..., T, D) a view: tiles get all batch dims
     k_t = np.swapaxes(k_arr, -1, -2)  # (..., D, S)
+    v_arr, v_unit = _unit_columns(v_arr, S)  # out is computed in units of v_unit (Dv,)
     # v with a column of ones: p @ [v, 1] gives p v and the row sums of p in one matmul.
     v_ones = np.concatenate(
         [v_arr, np.ones((*v_arr.shape[:-1], 1), dtype=dtype)], axis=-1
@@ -215,6 +217,8 @@ def flash_attention(
             log_sum += ref
         lse[..., q0:q1] = np.where(empty, -np.inf, log_sum)[..., 0]
 
+    if v_unit is not None:
+        out *= v_unit  # back from units: |out| <= max|v| per column, no overflow
     out = out.astype(out_dtype, copy=False)
     return (out, lse) if return_lse else out
 
@@ -374,6 +378,24 @@ def merge_partials(
 
 # ------------------------------------------------------------------------ helpers
 
+
+def _unit_columns(v: np.ndarray, S: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """v in units that keep the running sums finite: (v / unit, unit (Dv,)), or (v, None).
+
+    The unnormalised weights p reach e^_WINDOW, so Σ p v can exceed max|v| by a
+    factor S·e^20 before the final division: v of 1e30 in float32 at S = 1000
+    would overflow to inf although the output (a weighted mean of v) is finite.
+    Only then is each column divided by a power of two (exact) of about its
+    largest |v|, and the output multiplied back.
+    """
+    if v.size == 0:
+        return v, None
+    col_max = np.max(np.abs(v), axis=tuple(range(v.ndim - 1)))  # (Dv,)
+    if float(col_max.max()) * S * math.exp(_WINDOW) < float(np.finfo(v.dtype).max) / 2:
+        return v, None
+    unit = np.exp2(np.floor(np.log2(np.where(col_max > 0, col_max, 1.0)))).astype(v.dtype)
+    return v / unit, unit
+
 _SKIP = np.zeros((), dtype=bool)  # sentinel: the whole tile is masked out
 
 
@@ -390,7 +412,8 @@ def _recentre(
     the factor is clipped to 1 there rather than overflowing (0 · inf = NaN).
     """
     delta = np.where(moved, row_max, 0.0).astype(scores.dtype, copy=False)  # (..., bq, 1)
-    scores -= delta
+    with np.errstate(over="ignore"):  # a -1e308 score minus a 1e308 max: -inf, weight 0
+        scores -= delta
     acc *= np.exp(-np.maximum(delta, 0.0))
     row_max -= delta
     return delta if ref is None else ref + delta

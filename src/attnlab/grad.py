@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .attention import _prepare, scaled_dot_product_attention
+from .attention import _prepare, check_axis, scaled_dot_product_attention
 from .errors import AttnlabError, ShapeError, as_float_array, shape_str
-from .layers import LayerNorm
+from .layers import LayerNorm, layer_norm_stats
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 
 __all__ = [
@@ -111,8 +111,7 @@ def softmax_backward(weights: Any, dweights: Any, axis: int = -1) -> np.ndarray:
         )
     if y.ndim == 0:
         raise ShapeError("weights: expected at least 1 dimension, got a scalar")
-    if not -y.ndim <= axis < y.ndim:
-        raise AttnlabError(f"axis: expected an int in [{-y.ndim}, {y.ndim - 1}], got {axis}")
+    axis = check_axis(axis, y.ndim)
     return _softmax_backward(y, dy.astype(y.dtype, copy=False), axis)
 
 
@@ -235,6 +234,10 @@ def mha_backward(
     ``dbk`` is always 0 up to rounding: bk adds q·bk to every score of a row,
     and softmax ignores a constant shift.
     """
+    if not isinstance(mha, MultiHeadAttention):
+        raise AttnlabError(
+            f"mha: expected an attnlab.MultiHeadAttention, got {type(mha).__name__}"
+        )
     if mha.rope is not None or mha.alibi:
         raise AttnlabError(
             "mha: the backward pass covers multi-head attention without rope/alibi, "
@@ -331,15 +334,16 @@ def layer_norm_backward(norm: LayerNorm, x: Any, dout: Any) -> LayerNormGrads:
     >>> bool(np.abs(grads.dx).max() < 1e-12), grads.dbeta.tolist()
     (True, [1.0, 1.0, 1.0])
     """
+    if not isinstance(norm, LayerNorm):
+        raise AttnlabError(f"norm: expected an attnlab.LayerNorm, got {type(norm).__name__}")
     x_arr = as_float_array(x, "x")
     if x_arr.ndim < 1 or x_arr.shape[-1] != norm.d_model:
         raise ShapeError(f"x: expected (..., {norm.d_model}), got {shape_str(x_arr.shape)}")
     dy = _upstream(dout, x_arr.shape, "(..., E)", x_arr.dtype)
-    mean = x_arr.mean(axis=-1, keepdims=True)  # (..., 1)
-    centred = x_arr - mean  # (..., E)
-    var = np.mean(centred * centred, axis=-1, keepdims=True)  # (..., 1)
-    inv_std = 1.0 / np.sqrt(var + norm.eps)  # (..., 1)
-    normed = centred * inv_std  # (..., E)
+    centred, std, rescale = layer_norm_stats(x_arr, norm.eps)  # (..., E), (..., 1), (..., 1)
+    inv_scaled = 1.0 / std  # (..., 1)
+    normed = centred * inv_scaled  # (..., E)
+    inv_std = inv_scaled / rescale  # (..., 1) 1/√(var + eps); rescale is 1 unless |x| is huge
     dnormed = dy * norm.gamma  # (..., E)
     dx = inv_std * (
         dnormed

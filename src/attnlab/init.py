@@ -119,6 +119,8 @@ def xavier_uniform(
     gain = _check_scale(gain, "gain")
     generator = as_rng(rng)
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
+    if bound > _LARGEST / 2:  # the width 2·bound would overflow: draw on [-1, 1] and scale
+        return bound * generator.uniform(-1.0, 1.0, size=(fan_in, fan_out))
     return generator.uniform(-bound, bound, size=(fan_in, fan_out))  # (fan_in, fan_out)
 
 
@@ -136,7 +138,9 @@ def xavier_normal(
     gain = _check_scale(gain, "gain")
     generator = as_rng(rng)
     std = gain * math.sqrt(2.0 / (fan_in + fan_out))
-    return std * generator.standard_normal((fan_in, fan_out))  # (fan_in, fan_out)
+    draw = generator.standard_normal((fan_in, fan_out))  # (fan_in, fan_out)
+    with np.errstate(over="ignore"):
+        return _finite(std * draw, "gain", gain)
 
 
 def normal(
@@ -154,7 +158,20 @@ def normal(
     fan_in, fan_out = _check_fans(fan_in, fan_out)
     std = _check_scale(std, "std")
     generator = as_rng(rng)
-    return std * generator.standard_normal((fan_in, fan_out))  # (fan_in, fan_out)
+    draw = generator.standard_normal((fan_in, fan_out))  # (fan_in, fan_out)
+    with np.errstate(over="ignore"):
+        return _finite(std * draw, "std", std)
+
+
+_LARGEST = float(np.finfo(np.float64).max)
+
+
+def _finite(w: np.ndarray, name: str, value: float) -> np.ndarray:  # (fan_in, fan_out)
+    """``w``, unless a huge gain/std made some of its values overflow to ±inf."""
+    if not np.isfinite(w).all():
+        raise AttnlabError(f"{name}: expected a value whose weights fit float64, got {value} "
+                           "(some overflowed to inf)")
+    return w
 
 
 def init_weight(

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from .attention import _softmax
+from .attention import _softmax, abs_max, check_score_range
 from .errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
 
 __all__ = ["KVCache", "SlidingWindowKVCache"]
@@ -75,6 +75,7 @@ class _CacheBase:
         if self.dtype not in (np.float32, np.float64):
             raise AttnlabError(f"dtype: expected float32 or float64, got {self.dtype}")
         self._length = 0
+        self._k_max = 0.0  # largest |key| appended since the last reset (for check_scores)
 
     @property
     def length(self) -> int:
@@ -104,7 +105,23 @@ class _CacheBase:
                 f"v: expected (B, Hkv, T, Dv) = ({B}, {Hkv}, {T}, {Dv}) to match k, "
                 f"got {shape_str(v_arr.shape)}"
             )
-        return k_arr.astype(self.dtype, copy=False), v_arr.astype(self.dtype, copy=False)
+        return self._cast(k_arr, "k"), self._cast(v_arr, "v")
+
+    def _cast(self, arr: np.ndarray, name: str) -> np.ndarray:
+        """``arr`` in the cache's dtype; refused if a narrowing cast would overflow to inf."""
+        with np.errstate(over="ignore"):
+            out = arr.astype(self.dtype, copy=False)
+        if arr.dtype.itemsize > self.dtype.itemsize and not np.isfinite(out).all():
+            raise AttnlabError(
+                f"{name}: values up to {abs_max(arr):.3g} do not fit the cache's dtype "
+                f"{self.dtype} (largest {float(np.finfo(self.dtype).max):.3g})"
+            )
+        return out
+
+    def _check_scores(self, q: np.ndarray, k: np.ndarray, scale: float) -> None:
+        """Refuse q (and new keys k) whose scores with the cached keys could overflow."""
+        k_max = max(self._k_max, abs_max(k))
+        check_score_range(abs_max(q), k_max, self.head_dim, scale, self.dtype)
 
     def _check_q(self, q: Any, T: int) -> np.ndarray:
         """q (B, H, T, D) with H a multiple of Hkv, in the cache's dtype."""
@@ -116,7 +133,7 @@ class _CacheBase:
                 f"q: expected (B, H, T, D) = ({B}, H, {T}, {D}) with H a multiple of "
                 f"Hkv = {Hkv} and T matching k, got {shape_str(q_arr.shape)}"
             )
-        return q_arr.astype(self.dtype, copy=False)
+        return self._cast(q_arr, "q")
 
     @staticmethod
     def _check_scale(scale: float | None, D: int) -> float:
@@ -228,6 +245,7 @@ class KVCache(_CacheBase):
     def reset(self) -> None:
         """Forget every token (the storage is kept for reuse)."""
         self._length = 0
+        self._k_max = 0.0
 
     def append(self, k: Any, v: Any) -> None:
         """Append the keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of T new tokens."""
@@ -246,6 +264,7 @@ class KVCache(_CacheBase):
             )
         if needed > self.capacity:
             self._grow(needed)
+        self._k_max = max(self._k_max, abs_max(k))
         self._keys[:, :, self._length : needed] = k
         self._values[:, :, self._length : needed] = v
         self._length = needed
@@ -274,6 +293,7 @@ class KVCache(_CacheBase):
         T = k_arr.shape[2]
         q_arr = self._check_q(q, T)
         scale_value = self._check_scale(scale, self.head_dim)
+        self._check_scores(q_arr, k_arr, scale_value)
         self._write(k_arr, v_arr)
         S = self._length
         keys = self._keys[:, :, :S]  # (B, Hkv, S, D)
@@ -362,6 +382,7 @@ class SlidingWindowKVCache(_CacheBase):
     def reset(self) -> None:
         """Forget every token."""
         self._length = 0
+        self._k_max = 0.0
         self._slot_pos[:] = -1
 
     def append(self, k: Any, v: Any) -> None:
@@ -379,6 +400,7 @@ class SlidingWindowKVCache(_CacheBase):
         self._values[:, :, slots] = v[:, :, T - keep :]
         self._slot_pos[slots] = positions
         self._length += T
+        self._k_max = max(self._k_max, abs_max(k))
 
     def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> np.ndarray:
         """Append the T new tokens' k, v, and attend from their queries within the window.
@@ -391,6 +413,7 @@ class SlidingWindowKVCache(_CacheBase):
         T = k_arr.shape[2]
         q_arr = self._check_q(q, T)
         scale_value = self._check_scale(scale, self.head_dim)
+        self._check_scores(q_arr, k_arr, scale_value)
         W = self.window
         if T == 1:
             # After writing, the W slots hold positions p - W + 1 .. p: exactly the window.

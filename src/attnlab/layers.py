@@ -58,11 +58,43 @@ class LayerNorm:
         x_arr = as_float_array(x, "x")
         if x_arr.ndim < 1 or x_arr.shape[-1] != self.d_model:
             raise ShapeError(f"x: expected (..., {self.d_model}), got {shape_str(x_arr.shape)}")
-        mean = x_arr.mean(axis=-1, keepdims=True)  # (..., 1)
-        centred = x_arr - mean  # (..., E)
-        var = np.mean(centred * centred, axis=-1, keepdims=True)  # (..., 1)
-        normed = centred / np.sqrt(var + self.eps)  # (..., E)
+        centred, std, _ = layer_norm_stats(x_arr, self.eps)  # (..., E), (..., 1)
+        normed = centred / std  # (..., E)
         return (normed * self.gamma + self.beta).astype(x_arr.dtype, copy=False)
+
+
+def layer_norm_stats(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm's statistics over the last axis, safe from overflow.
+
+    Shapes: x (..., E) -> centred (..., E), std (..., 1), m (..., 1), with
+    ``centred / std`` the normalised x, and ``m * std`` = √(var(x) + eps).
+
+    Usually centred = x − mean, std = √(var + eps) and m = 1. In a row whose
+    squares overflow (|x| near the dtype's largest value, e.g. 1e160 in float64)
+    the variance would be inf and the row silently all zeros; there the row is
+    divided by m = its largest |x| first (LayerNorm is scale-invariant but for
+    eps, which becomes eps / m²).
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
+        centred = x - mean  # (..., E)
+        var = np.mean(centred * centred, axis=-1, keepdims=True)  # (..., 1)
+    m = np.ones_like(var)  # (..., 1)
+    bad = ~np.isfinite(var)  # (..., 1)
+    if bad.any():
+        m = np.where(bad, np.max(np.abs(x), axis=-1, keepdims=True), m)  # (..., 1)
+        xs = x / m  # (..., E), |xs| <= 1 in the rescaled rows
+        cs = xs - xs.mean(axis=-1, keepdims=True)  # (..., E)
+        with np.errstate(over="ignore"):
+            eps_scaled = eps / (m * m)  # (..., 1); m² may overflow: eps / inf = 0
+        var_scaled = np.mean(cs * cs, axis=-1, keepdims=True)  # (..., 1)
+        # A constant row (its sum overflowed) has var 0 exactly: back to m = 1, std = √eps.
+        constant = bad & (var_scaled == 0)
+        m = np.where(constant, 1.0, m).astype(var.dtype, copy=False)
+        centred = np.where(bad, cs, centred)
+        var = np.where(bad, var_scaled, var)
+        return centred, np.sqrt(var + np.where(bad & ~constant, eps_scaled, eps)), m
+    return centred, np.sqrt(var + eps), m
 
 
 class Dropout:

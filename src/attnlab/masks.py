@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AttnlabError, ShapeError, check_positive_int, shape_str
+from .errors import AttnlabError, ShapeError, as_array, check_positive_int, shape_str
 
 __all__ = [
     "causal_mask",
@@ -102,17 +102,23 @@ def mask_to_bias(mask: Any, dtype: Any = np.float64) -> np.ndarray:
     -inf rather than seed 001's -1e9: with -1e9 a fully blocked row silently
     becomes a uniform average over the blocked keys; with -inf attnlab gives 0.
     """
-    arr = np.asarray(mask)
+    arr = as_array(mask, "mask")
     if arr.dtype != np.bool_:
         raise AttnlabError(
             f"mask: expected a bool array (True = may attend), got dtype {arr.dtype}"
         )
-    return np.where(arr, 0.0, -np.inf).astype(dtype)
+    try:
+        float_dtype = np.dtype(dtype)
+    except TypeError:
+        raise AttnlabError(f"dtype: expected a float dtype, got {dtype!r}") from None
+    if not np.issubdtype(float_dtype, np.floating):  # -inf has no int or complex bias
+        raise AttnlabError(f"dtype: expected a float dtype (-inf marks blocked), got {float_dtype}")
+    return np.where(arr, 0.0, -np.inf).astype(float_dtype)
 
 
 def _as_01(mask: Any, name: str) -> np.ndarray:
     """A 0/1 (or bool) array as bool; anything else is an error, not a guess."""
-    arr = np.asarray(mask)
+    arr = as_array(mask, name)
     if arr.dtype == np.bool_:
         return arr
     if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):

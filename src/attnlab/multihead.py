@@ -190,6 +190,14 @@ class MultiHeadAttention:
             head_dim = E // H
         D = check_positive_int(head_dim, "head_dim")
         Ekv = E if d_context is None else check_positive_int(d_context, "d_context")
+        try:
+            float_dtype = np.dtype(dtype)
+        except TypeError:
+            raise AttnlabError(f"dtype: expected a float dtype, got {dtype!r}") from None
+        if not np.issubdtype(float_dtype, np.floating):  # an int dtype would round W to 0
+            raise AttnlabError(
+                f"dtype: expected a float dtype (float32, float64), got {float_dtype}"
+            )
         rng = as_rng(seed)
         def zeros(n: int) -> np.ndarray | None:
             return np.zeros(n, dtype=dtype) if bias else None

@@ -26,76 +26,93 @@ __all__ = ["Step", "Trace", "Recorder", "STEP_TEXT"]
 Lang = Literal["en", "zh"]
 
 #: Title and one-line explanation of each step kind, in English and Chinese.
+#: Every note must be true of any trace: ``explain``'s (random weights, one layer)
+#: and a trained model's (learned weights, several layers).
 STEP_TEXT: dict[str, dict[str, tuple[str, str]]] = {
     "X": {
-        "en": ("Input X", "one row per token: its embedding vector"),
-        "zh": ("输入 X", "每一行是一个词（token）的向量表示"),
+        "en": ("Input X", "one row per token: its vector (an embedding, or the previous "
+               "layer's output)"),
+        "zh": ("输入 X", "每一行是一个词（token）的向量：词嵌入，或上一层的输出"),
     },
     "Wq": {
-        "en": ("Query weights Wq", "learned projection to the query space"),
-        "zh": ("查询权重 Wq", "把输入映射到 Query 空间的权重矩阵"),
+        "en": ("Query weights Wq", "projects each token's vector into query space "
+               "(a real model learns it in training)"),
+        "zh": ("查询权重 Wq", "把每个词的向量投影到查询（Query）空间（真实模型中由训练学得）"),
     },
     "Wk": {
-        "en": ("Key weights Wk", "learned projection to the key space"),
-        "zh": ("键权重 Wk", "把输入映射到 Key 空间的权重矩阵"),
+        "en": ("Key weights Wk", "projects each token's vector into key space "
+               "(a real model learns it in training)"),
+        "zh": ("键权重 Wk", "把每个词的向量投影到键（Key）空间（真实模型中由训练学得）"),
     },
     "Wv": {
-        "en": ("Value weights Wv", "learned projection to the value space"),
-        "zh": ("值权重 Wv", "把输入映射到 Value 空间的权重矩阵"),
+        "en": ("Value weights Wv", "projects each token's vector into value space "
+               "(a real model learns it in training)"),
+        "zh": ("值权重 Wv", "把每个词的向量投影到值（Value）空间（真实模型中由训练学得）"),
     },
     "Q": {
-        "en": ("Queries Q", "what each token is looking for"),
-        "zh": ("查询 Q", "每个词想要“找”什么（相当于搜索请求）"),
+        "en": ("Queries Q", "what each token is looking for (like a search query)"),
+        "zh": ("查询 Q", "每个词想“找”什么，相当于搜索请求"),
     },
     "K": {
-        "en": ("Keys K", "what each token offers to be found by"),
-        "zh": ("键 K", "每个词用来被匹配的“索引关键词”"),
+        "en": ("Keys K", "what each token can be found by (like a document's index terms)"),
+        "zh": ("键 K", "每个词供查询来匹配的“索引关键词”"),
     },
     "V": {
-        "en": ("Values V", "the content each token passes on"),
-        "zh": ("值 V", "每个词真正要传递的内容"),
+        "en": ("Values V", "the content each token passes on when it is attended to"),
+        "zh": ("值 V", "每个词被关注时真正传递出去的内容"),
     },
     "scores": {
-        "en": ("Scores Q·Kᵀ", "row i, column j: how well query i matches key j"),
-        "zh": ("注意力分数 Q·Kᵀ", "第 i 行第 j 列：查询 i 与键 j 的匹配程度（点积）"),
+        "en": ("Scores Q·Kᵀ", "row i, column j: dot product of token i's query and "
+               "token j's key, i.e. how well they match"),
+        "zh": ("注意力分数 Q·Kᵀ", "第 i 行第 j 列：第 i 个词的查询与第 j 个词的键的点积，"
+               "即二者的匹配程度"),
     },
     "scaled": {
-        "en": ("Scaled scores", "divided by √d_k so the softmax does not saturate"),
-        "zh": ("缩放后的分数", "除以 √d_k，防止 softmax 饱和、梯度消失"),
+        "en": ("Scaled scores", "q·k sums d_k products, so its variance grows like d_k; "
+               "÷√d_k cancels that, so softmax does not saturate (saturated, it passes "
+               "almost no gradient)"),
+        "zh": ("缩放后的分数", "q·k 是 d_k 个乘积之和，方差随 d_k 增大；除以 √d_k 抵消这一增长，"
+               "softmax 才不会饱和（饱和时几乎传不回梯度）"),
     },
     "masked": {
-        "en": ("Masked scores", "blocked positions set to -∞ (they get weight 0)"),
-        "zh": ("掩码后的分数", "被屏蔽的位置设为 -∞（权重为 0）"),
+        "en": ("Masked scores", "blocked positions (e.g. later tokens, under a causal mask) "
+               "set to -∞, so softmax gives them weight 0"),
+        "zh": ("掩码后的分数", "被屏蔽的位置（如因果掩码下排在后面的词）设为 -∞，"
+               "softmax 后权重为 0"),
     },
     "weights": {
-        "en": ("Attention weights", "softmax of each row: each row sums to 1"),
-        "zh": ("注意力权重", "对每一行做 softmax：每行之和为 1"),
+        "en": ("Attention weights", "softmax of each row: every weight ≥ 0, each row sums "
+               "to 1; row i is how token i divides its attention"),
+        "zh": ("注意力权重", "对每一行做 softmax：权重都 ≥ 0，每行之和为 1；"
+               "第 i 行就是第 i 个词的注意力分配"),
     },
     "output": {
-        "en": ("Output", "each row is a weighted average of the rows of V"),
-        "zh": ("输出", "每一行是 V 各行的加权平均"),
+        "en": ("Output", "row i = the rows of V summed with row i's weights "
+               "(a weighted average)"),
+        "zh": ("输出", "第 i 行 = 用第 i 行注意力权重对 V 的各行加权求和（即加权平均）"),
     },
     "concat": {
-        "en": ("Concatenated heads", "the heads' outputs side by side"),
-        "zh": ("拼接多头输出", "把各个头的输出按列拼接"),
+        "en": ("Concatenated heads", "the heads' outputs side by side, column-wise"),
+        "zh": ("拼接多头输出", "把各个头的输出按列拼接在一起"),
     },
     "Wo": {
-        "en": ("Output weights Wo", "mixes the concatenated heads"),
-        "zh": ("输出权重 Wo", "融合拼接后的多头输出"),
+        "en": ("Output weights Wo", "mixes the concatenated heads into one output"),
+        "zh": ("输出权重 Wo", "把拼接后的多头输出融合为一个输出"),
     },
     "projected": {
-        "en": ("Projected output", "concat · Wo"),
-        "zh": ("投影后的输出", "拼接结果乘以 Wo"),
+        "en": ("Projected output", "concat · Wo: the output of multi-head attention"),
+        "zh": ("投影后的输出", "拼接结果乘以 Wo，即多头注意力的最终输出"),
     },
 }
 
 _LABELS = {
-    "en": {"step": "Step", "head": "head", "layer": "layer", "shape": "shape",
+    "en": {"head": "head", "layer": "layer", "shape": "shape", "colon": ": ",
            "row_sums": "row sums", "tokens": "Tokens", "trace": "Attention trace",
-           "formula": "formula"},
-    "zh": {"step": "第", "head": "头", "layer": "层", "shape": "形状",
+           "summary": "Summary", "summary_note": "Each token → the token it attends to "
+           "most (the largest weight in its row)"},
+    "zh": {"head": "头", "layer": "层", "shape": "形状", "colon": "：",
            "row_sums": "每行之和", "tokens": "词", "trace": "注意力计算过程",
-           "formula": "公式"},
+           "summary": "小结", "summary_note": "每个词 → 它最关注的词（该行中最大的注意力权重）"},
 }
 
 #: Which axes of a step's matrix are indexed by tokens: (rows, columns).
@@ -243,10 +260,15 @@ class Trace:
         return json.dumps(self.to_dict(), ensure_ascii=False, indent=indent)
 
     def to_text(self, lang: Lang = "en", *, precision: int = 4) -> str:
-        """Every step with its title, formula, shape and values, as plain text."""
+        """Every step with its title, formula, shape and values, as plain text.
+
+        It ends with a summary: for each attention-weights step, the key each query
+        token gives its largest weight.
+        """
         _check_lang(lang)
         words = _LABELS[lang]
-        lines = [f"== {words['trace']} ==", f"{words['tokens']}: " + " | ".join(self.tokens)]
+        lines = [f"== {words['trace']} ==",
+                 f"{words['tokens']}{words['colon']}" + " | ".join(self.tokens)]
         for number, step in enumerate(self.steps, 1):
             lines.append("")
             lines.append(_heading(step, number, lang) + f"    {words['shape']} {step.shape}")
@@ -255,17 +277,24 @@ class Trace:
             sums = step.values.sum(axis=-1) if step.key == "weights" else None
             lines.extend("  " + row for row in _format_matrix(
                 step.values, row_labels, col_labels, precision, sums, words["row_sums"]))
+        summary = self._summary(lang, precision)
+        if summary:
+            lines += ["", f"== {words['summary']} ==",
+                      "  " + words["summary_note"] + words["colon"].rstrip()]
+            lines += ["  " + (f"{where}{words['colon']}" if where else "") + "   ".join(pairs)
+                      for where, pairs in summary]
         return "\n".join(lines)
 
     def to_markdown(self, lang: Lang = "en", *, precision: int = 4) -> str:
-        """The trace as a Markdown document: one section and one table per step."""
+        """The trace as a Markdown document: one section and one table per step, then
+        the same summary as :meth:`to_text`."""
         _check_lang(lang)
         words = _LABELS[lang]
-        out = [f"# {words['trace']}", "", f"**{words['tokens']}**: " + " · ".join(
+        out = [f"# {words['trace']}", "", f"**{words['tokens']}**{words['colon']}" + " · ".join(
             _md_escape(t) for t in self.tokens)]
         for number, step in enumerate(self.steps, 1):
             out += ["", f"## {_heading(step, number, lang)}", "",
-                    f"`{step.formula}` — {step.note(lang)} ({words['shape']} {step.shape})", ""]
+                    f"`{step.formula}` — {step.note(lang)} · {words['shape']} {step.shape}", ""]
             matrix = np.atleast_2d(step.values)
             row_labels, col_labels = self._axis_labels(step)
             cols = col_labels or [str(j) for j in range(matrix.shape[1])]
@@ -278,7 +307,34 @@ class Trace:
                 if step.key == "weights":
                     cells.append(_fmt(float(row.sum()), precision))
                 out.append("| " + " | ".join(cells) + " |")
+        summary = self._summary(lang, precision)
+        if summary:
+            out += ["", f"## {words['summary']}", "",
+                    words["summary_note"] + words["colon"].rstrip(), ""]
+            out += ["- " + (f"{where}{words['colon']}" if where else "")
+                    + " · ".join(_md_escape(p) for p in pairs) for where, pairs in summary]
         return "\n".join(out) + "\n"
+
+    def _summary(self, lang: Lang, precision: int) -> list[tuple[str, list[str]]]:
+        """Per weights step: (where, ["query → strongest key (weight)", ...])."""
+        found = []
+        for step in self.steps:
+            if step.key != "weights":
+                continue
+            matrix = np.atleast_2d(step.values)  # (T, S)
+            rows, cols = self._axis_labels(step)
+            rows = rows or [f"#{i + 1}" for i in range(matrix.shape[0])]
+            cols = cols or [f"#{j + 1}" for j in range(matrix.shape[1])]
+            pairs = []
+            for i, row in enumerate(matrix):
+                top = float(row.max())
+                if not top > 0:  # a fully blocked row attends to nothing
+                    pairs.append(f"{rows[i]} → –")
+                    continue
+                best = "/".join(cols[j] for j in np.flatnonzero(row >= top - 1e-12))  # ties
+                pairs.append(f"{rows[i]} → {best} ({_fmt(top, precision)})")
+            found.append((_where(step, lang), pairs))
+        return found
 
     def plot(self, *, lang: Lang = "en", title: str | None = None) -> Any:
         """Heatmap of the weights: one head -> a single heatmap, several -> a grid."""
@@ -379,18 +435,27 @@ def _check_lang(lang: str) -> None:
         raise AttnlabError(f"lang: expected 'en' or 'zh', got {lang!r}")
 
 
-def _heading(step: Step, number: int, lang: Lang) -> str:
-    words = _LABELS[lang]
+def _where(step: Step, lang: Lang) -> str:
+    """"layer 2, head 1" / "第 2 层，第 1 个头"; "" for a step without layer or head."""
     where = []
+    if lang == "en":
+        if step.layer is not None:
+            where.append(f"layer {step.layer + 1}")
+        if step.head is not None:
+            where.append(f"head {step.head + 1}")
+        return ", ".join(where)
     if step.layer is not None:
-        where.append(f"{words['layer']} {step.layer + 1}" if lang == "en"
-                     else f"第 {step.layer + 1} {words['layer']}")
+        where.append(f"第 {step.layer + 1} 层")
     if step.head is not None:
-        where.append(f"{words['head']} {step.head + 1}" if lang == "en"
-                     else f"第 {step.head + 1} 个{words['head']}")
-    suffix = f" [{', '.join(where)}]" if where else ""
-    prefix = f"{words['step']} {number}" if lang == "en" else f"第 {number} 步"
-    return f"{prefix} · {step.title(lang)}{suffix}"
+        where.append(f"第 {step.head + 1} 个头")
+    return "，".join(where)
+
+
+def _heading(step: Step, number: int, lang: Lang) -> str:
+    where = _where(step, lang)
+    if lang == "en":
+        return f"Step {number} · {step.title(lang)}" + (f" [{where}]" if where else "")
+    return f"第 {number} 步 · {step.title(lang)}" + (f"（{where}）" if where else "")
 
 
 def _fmt(x: float, precision: int) -> str:
@@ -425,8 +490,8 @@ def _format_matrix(
     lines = []
     if col_labels:
         header = " " * row_w + "  " + " ".join(_pad(c, col_w) for c in cols)
-        if row_sums is not None:
-            header += "   " + sums_label
+        if row_sums is not None:  # over the sums column: past "]" and three spaces
+            header += "    " + sums_label
         lines.append(header)
     for i, row in enumerate(cells):
         line = _pad(rows[i], row_w) + " [" + " ".join(_pad(c, col_w) for c in row) + "]"

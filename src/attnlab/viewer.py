@@ -114,7 +114,8 @@ _WORDS: dict[str, dict[str, Any]] = {
         "legend": (
             f"near uniform: entropy > {NEAR_UNIFORM_ENTROPY}; over-sparse: max weight > "
             f"{OVER_SPARSE_MAX_WEIGHT} or entropy < {OVER_SPARSE_ENTROPY}; sink: > "
-            f"{SINK_SHARE} on [CLS]/[SEP]; positional: score > {POSITIONAL_HEAD_SCORE}; "
+            f"{SINK_SHARE} on [CLS]/[SEP]; previous-token / next-token / self: that weight > "
+            f"{POSITIONAL_HEAD_SCORE}; "
             f"near-duplicate heads: JS distance < {NEAR_DUPLICATE_JS}."
         ),
     },
@@ -133,7 +134,7 @@ _WORDS: dict[str, dict[str, Any]] = {
         "diagnostics": "诊断",
         "this_head": "当前头",
         "this_layer": "当前层",
-        "flags": "标记",
+        "flags": "提示",
         "no_flags": "无",
         "mean_js": "头之间的平均 JS 距离",
         "closest": "最相近的两个头",
@@ -154,8 +155,9 @@ _WORDS: dict[str, dict[str, Any]] = {
         },
         "legend": (
             f"近似均匀：熵 > {NEAR_UNIFORM_ENTROPY}；过度稀疏：最大权重 > {OVER_SPARSE_MAX_WEIGHT} "
-            f"或熵 < {OVER_SPARSE_ENTROPY}；汇聚：[CLS]/[SEP] 占比 > {SINK_SHARE}；"
-            f"位置型：得分 > {POSITIONAL_HEAD_SCORE}；近似重复：JS 距离 < {NEAR_DUPLICATE_JS}。"
+            f"或熵 < {OVER_SPARSE_ENTROPY}；汇聚到特殊词：[CLS]/[SEP] 占比 > {SINK_SHARE}；"
+            f"关注前一个词 / 后一个词 / 自身：对应的平均权重 > {POSITIONAL_HEAD_SCORE}；"
+            f"近似重复：JS 距离 < {NEAR_DUPLICATE_JS}。"
         ),
     },
 }

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -485,5 +486,10 @@ def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: float = 150) 
     target.parent.mkdir(parents=True, exist_ok=True)
     metadata = {"Date": None} if suffix == ".svg" else None
     with font_context(), matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "attnlab"}):
-        fig.savefig(target, format=suffix[1:], dpi=float(dpi), metadata=metadata)
+        with warnings.catch_warnings():
+            # A token no installed font has (an emoji, a control character) is drawn as a
+            # box; matplotlib would also print two lines of warning per glyph and figure.
+            warnings.filterwarnings("ignore", message="Glyph .* missing from font",
+                                    category=UserWarning)
+            fig.savefig(target, format=suffix[1:], dpi=float(dpi), metadata=metadata)
     return target

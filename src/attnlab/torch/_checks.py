@@ -30,6 +30,7 @@ __all__ = [
     "broadcast_batch",
     "module_input",
     "check_flag",
+    "check_module_dtype",
 ]
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -160,6 +161,13 @@ def module_input(x: Any, name: str, like: torch.Tensor) -> torch.Tensor:
             f"{name}: expected a tensor on the module's device {like.device}, got {x.device}"
         )
     return x
+
+
+def check_module_dtype(dtype: Any) -> Any:
+    """A module's ``dtype=``: None (torch's default) or a floating-point torch.dtype."""
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise AttnlabError(f"dtype: expected a torch float dtype or None, got {dtype!r}")
+    return dtype
 
 
 def check_flag(value: Any, name: str) -> bool:

@@ -36,7 +36,7 @@ from typing import Any, Literal, overload
 import torch
 import torch.nn.functional as F
 
-from ..attention import MAX_SCORE_ELEMENTS
+from ..attention import MAX_SCORE_ELEMENTS, check_axis, check_score_range
 from ..errors import AttnlabError, ShapeError, check_broadcastable, check_positive_int, shape_str
 from ._checks import (
     as_bool_tensor,
@@ -84,8 +84,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:  # (...) -> (...)
     arr = as_float_tensor(x, "x")
     if arr.ndim == 0:
         raise ShapeError("x: expected at least 1 dimension, got a scalar")
-    if not -arr.ndim <= dim < arr.ndim:
-        raise AttnlabError(f"dim: expected an int in [{-arr.ndim}, {arr.ndim - 1}], got {dim}")
+    dim = check_axis(dim, arr.ndim, "dim")
     if bool((torch.isnan(arr) | torch.isposinf(arr)).any()):
         raise AttnlabError("x: expected finite values or -inf, got NaN or +inf")
     return _softmax(arr, dim)
@@ -267,13 +266,16 @@ def attend(
     is_causal: bool,
     dropout_p: float,
     return_weights: bool,
+    k_max: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention on validated inputs (same dtype and device): the dispatcher between the paths.
 
     Shapes: q (..., T, D), k (..., S, D), v (..., S, Dv), allowed bool and bias
     float broadcastable to (..., T, S) -> (..., T, Dv) [, weights (..., T, S)].
     ``allowed`` does not include the causal mask; ``is_causal`` adds it.
+    ``k_max`` (0-d) is max|k| if the caller keeps track of it (a KV cache), else computed.
     """
+    _check_score_range(q, k, bias, scale, k_max)
     T, S = q.shape[-2], k.shape[-2]
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     if is_causal and not (T == S and allowed is None and bias is None):
@@ -283,6 +285,29 @@ def attend(
     if return_weights or not _fused_ok(q, k, v, (*batch, T, S)):
         return _plain(q, k, v, allowed, bias, scale, is_causal, dropout_p, return_weights)
     return _fused(q, k, v, allowed, bias, scale, is_causal, dropout_p, batch)
+
+
+def _check_score_range(
+    q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, scale: float,
+    k_max: torch.Tensor | None,
+) -> None:
+    """The NumPy core's :func:`attnlab.attention.check_score_range`: refuse q, k whose
+    scaled scores could overflow (to inf, then NaN); one host sync for the maxima."""
+    if not q.numel() or not k.numel():
+        return
+    with torch.no_grad():
+        maxima = [q.detach().abs().amax(), k.detach().abs().amax() if k_max is None else k_max]
+        if bias is not None and bias.numel():
+            maxima.append(bias.detach().amax())
+        values = torch.stack([m.to(torch.float64) for m in maxima]).tolist()
+    q_max, k_max_value = values[0], values[1]
+    bias_max = values[2] if len(values) > 2 else 0.0
+    dtype = compute_dtype(torch.promote_types(q.dtype, k.dtype))
+    check_score_range(q_max, k_max_value, q.shape[-1], scale, _NUMPY_DTYPES[dtype],
+                      bias_max=bias_max)
+
+
+_NUMPY_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 def _fused(

@@ -76,6 +76,8 @@ class _CacheBase:
         self.dtype: torch.dtype = dtype
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self._length = 0
+        # Largest |key| appended since the last reset, kept on the device (no host sync).
+        self._k_max = torch.zeros((), dtype=torch.float64, device=self.device)
 
     @property
     def length(self) -> int:
@@ -112,7 +114,25 @@ class _CacheBase:
                     f"got {t.device}"
                 )
         check_finite([("k", k_t), ("v", v_t)])
-        return k_t.detach().to(self.dtype), v_t.detach().to(self.dtype)
+        return self._cast(k_t, "k"), self._cast(v_t, "v")
+
+    def _cast(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        """``t`` in the cache's dtype; refused if a narrowing cast would overflow to inf."""
+        out = t.detach().to(self.dtype)
+        narrowing = torch.finfo(t.dtype).max > torch.finfo(self.dtype).max
+        if narrowing and out.numel() and not bool(torch.isfinite(out).all()):
+            largest = float(t.detach().abs().amax())
+            raise AttnlabError(
+                f"{name}: values up to {largest:.3g} do not fit the cache's dtype "
+                f"{self.dtype} (largest {torch.finfo(self.dtype).max:.3g})"
+            )
+        return out
+
+    def _grown_k_max(self, k: torch.Tensor) -> torch.Tensor:  # -> () float64
+        """max(the running max|key|, max|k|) as a 0-d tensor on the device."""
+        if not k.numel():
+            return self._k_max
+        return torch.maximum(self._k_max, k.abs().amax().to(torch.float64))
 
     def _check_q(self, q: Any, T: int) -> torch.Tensor:
         """q (B, H, T, D) with H a multiple of Hkv, in the cache's dtype."""
@@ -129,7 +149,7 @@ class _CacheBase:
                 f"q: expected a tensor on the cache's device {self.device}, got {q_t.device}"
             )
         check_finite([("q", q_t)])
-        return q_t.to(self.dtype)
+        return self._cast(q_t, "q") if q_t.dtype != self.dtype else q_t
 
     @staticmethod
     def _check_scale(scale: float | None, D: int) -> float:
@@ -148,7 +168,7 @@ class _CacheBase:
 
 def _grouped_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor | None,
-    scale: float,
+    scale: float, k_max: torch.Tensor,
 ) -> torch.Tensor:
     """Shapes: q (B, H, T, D), keys (B, Hkv, S, D), values (B, Hkv, S, Dv),
     allowed bool (T, S) or None -> (B, H, T, Dv)."""
@@ -160,7 +180,7 @@ def _grouped_attention(
         allowed = allowed.repeat(G, 1)  # (G*T, S), rows in the order of `rows`
     out = cast(torch.Tensor, attend(
         rows, keys, values, allowed, None, scale, is_causal=False, dropout_p=0.0,
-        return_weights=False,
+        return_weights=False, k_max=k_max,
     ))  # (B, Hkv, G*T, Dv); without weights attend returns the output alone
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
@@ -220,6 +240,7 @@ class KVCache(_CacheBase):
 
     def reset(self) -> None:
         self._length = 0
+        self._k_max = torch.zeros_like(self._k_max)
 
     def append(self, k: Any, v: Any) -> None:
         """Append the keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of T new tokens."""
@@ -248,6 +269,7 @@ class KVCache(_CacheBase):
         self._keys[:, :, self._length : needed] = k
         self._values[:, :, self._length : needed] = v
         self._length = needed
+        self._k_max = self._grown_k_max(k)
 
     def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> torch.Tensor:
         """Append the new tokens' k, v, then attend from their queries over the whole cache.
@@ -265,7 +287,7 @@ class KVCache(_CacheBase):
             query_pos = torch.arange(T, device=self.device)[:, None] + (S - T)  # (T, 1)
             allowed = torch.arange(S, device=self.device)[None, :] <= query_pos  # (T, S)
         return _grouped_attention(q_t, self._keys[:, :, :S], self._values[:, :, :S], allowed,
-                                  scale_value)  # (B, H, T, Dv)
+                                  scale_value, self._k_max)  # (B, H, T, Dv)
 
     def __repr__(self) -> str:
         return (
@@ -326,6 +348,7 @@ class SlidingWindowKVCache(_CacheBase):
 
     def reset(self) -> None:
         self._length = 0
+        self._k_max = torch.zeros_like(self._k_max)
         self._slot_pos.fill_(-1)
 
     def append(self, k: Any, v: Any) -> None:
@@ -342,6 +365,7 @@ class SlidingWindowKVCache(_CacheBase):
         self._values[:, :, slots] = v[:, :, T - keep :]
         self._slot_pos[slots] = positions
         self._length += T
+        self._k_max = self._grown_k_max(k)
 
     def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> torch.Tensor:
         """Append the new tokens' k, v, and attend from their queries within the window.
@@ -358,7 +382,8 @@ class SlidingWindowKVCache(_CacheBase):
             self._write(k_t, v_t)
             filled = self._slot_pos >= 0  # (W,)
             allowed = None if self._length >= W else filled[None, :]  # (1, W)
-            return _grouped_attention(q_t, self._keys, self._values, allowed, scale_value)
+            return _grouped_attention(q_t, self._keys, self._values, allowed, scale_value,
+                                      self._k_max)
         query_pos = self._length + torch.arange(T, device=self.device)  # (T,)
         key_pos = torch.cat([self._slot_pos, query_pos])  # (W + T,), -1 = empty slot
         keys = torch.cat([self._keys, k_t], dim=2)  # (B, Hkv, W + T, D)
@@ -368,7 +393,8 @@ class SlidingWindowKVCache(_CacheBase):
             & (key_pos[None, :] <= query_pos[:, None])
             & (key_pos[None, :] > query_pos[:, None] - W)
         )  # (T, W + T)
-        out = _grouped_attention(q_t, keys, values, allowed, scale_value)  # (B, H, T, Dv)
+        out = _grouped_attention(q_t, keys, values, allowed, scale_value,
+                                 self._grown_k_max(k_t))  # (B, H, T, Dv)
         self._write(k_t, v_t)
         return out
 

@@ -21,7 +21,14 @@ from torch import nn
 
 from .. import layers as np_layers
 from ..errors import AttnlabError, ShapeError, check_positive_int, shape_str
-from ._checks import check_finite, check_flag, check_positive_float, check_probability, module_input
+from ._checks import (
+    check_finite,
+    check_flag,
+    check_module_dtype,
+    check_positive_float,
+    check_probability,
+    module_input,
+)
 from ._params import to_array, to_param, torch_dtype
 from .multihead import MultiHeadAttention, _Checked
 
@@ -43,7 +50,7 @@ class LayerNorm(nn.LayerNorm):
     ) -> None:
         d_model = check_positive_int(d_model, "d_model")
         eps = check_positive_float(eps, "eps")
-        super().__init__(d_model, eps=eps, device=device, dtype=dtype)
+        super().__init__(d_model, eps=eps, device=device, dtype=check_module_dtype(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., E) -> (..., E)
         x = module_input(x, "x", self.weight)
@@ -51,7 +58,27 @@ class LayerNorm(nn.LayerNorm):
         if x.ndim < 1 or x.shape[-1] != E:
             raise ShapeError(f"x: expected (..., {E}), got {shape_str(x.shape)}")
         check_finite([("x", x)])
-        return super().forward(x)
+        out = super().forward(x)
+        if x.numel() and not bool(torch.isfinite(out).all()):
+            out = self._rescaled(x)
+        return out
+
+    def _rescaled(self, x: torch.Tensor) -> torch.Tensor:  # (..., E) -> (..., E)
+        """The forward for rows whose squares overflow (|x| near the dtype's largest value).
+
+        torch's kernel gives NaN there (the NumPy core's LayerNorm used to give 0):
+        LayerNorm is scale-invariant but for eps, so each row is divided by
+        m = its largest |x| and normalised with eps / m², as attnlab.LayerNorm does.
+        """
+        m = x.detach().abs().amax(dim=-1, keepdim=True)  # (..., 1) > 0: x is finite, not all 0
+        m = torch.where(m > 0, m, torch.ones_like(m))
+        xs = x / m  # (..., E)
+        centred = xs - xs.mean(dim=-1, keepdim=True)  # (..., E)
+        var = (centred * centred).mean(dim=-1, keepdim=True)  # (..., 1)
+        # m² = inf makes the scaled eps 0; a constant row (var 0, centred 0) keeps eps itself.
+        spread = torch.where(var > 0, var + self.eps / (m * m), torch.full_like(var, self.eps))
+        normed = centred / torch.sqrt(spread)  # (..., E)
+        return normed * self.weight + self.bias
 
     @classmethod
     def from_numpy(

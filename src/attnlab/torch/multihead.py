@@ -29,6 +29,7 @@ from ._checks import (
     check_bias_values,
     check_finite,
     check_flag,
+    check_module_dtype,
     check_positive_float,
     check_probability,
     check_same_device,
@@ -147,7 +148,7 @@ class MultiHeadAttention(nn.Module):
 
         self.h, self.num_kv_heads, self.d_k, self.d_v = H, Hkv, D, Dv
         self.d_model, self.d_context, self.d_out = E, Ekv, E_out
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": check_module_dtype(dtype)}
         self.q_proj = nn.Linear(E, H * D, bias=bias, **factory)
         self.k_proj = nn.Linear(Ekv, Hkv * D, bias=bias, **factory)
         self.v_proj = nn.Linear(Ekv, Hkv * Dv, bias=bias, **factory)
