@@ -76,3 +76,16 @@ def test_inspect_says_when_the_text_was_cut(capsys, tmp_path):
     assert "note: the text is longer than the model's 256 tokens; only its start was run" in err
     code = main(["inspect", "short text", "--layer", "1", "--head", "1", "--out", str(tmp_path)])
     assert code == 0 and "note:" not in capsys.readouterr().err
+
+
+def test_inspect_names_characters_the_vocabulary_lacks(capsys, tmp_path):
+    # all-MiniLM-L6-v2's WordPiece vocabulary has 小, 明, 学 but not 去, 了, 校.
+    code = main(["inspect", "小明去了学校", "--layer", "1", "--head", "1", "--out", str(tmp_path)])
+    _, err = capsys.readouterr()
+    assert code == 0
+    assert "vocabulary has no 去 了 校; they became [UNK]" in err
+    code = main(["inspect", "The cat sat.", "--layer", "1", "--head", "1", "--lang", "zh",
+                 "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0 and "[UNK]" not in err
+    assert "表中的层和头按所选范围重新编号：层 [1]，头 [1]" in out

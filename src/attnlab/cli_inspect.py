@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     diagnostics = diagnose(weights, tokens)
 
     zh = args.lang == "zh"
-    names = [f"{'层' if zh else 'Layer'} {layer + 1} · {'头' if zh else 'Head'} {head + 1}"
+    names = [f"第 {layer + 1} 层 · 第 {head + 1} 个头" if zh
+             else f"Layer {layer + 1} · Head {head + 1}"
              for layer in layers for head in heads]
     where = f"{model.name}: {args.text}"
     grid = plot_head_grid(weights, tokens, tokens, titles=names, title=where, lang=args.lang)
@@ -94,9 +95,10 @@ def run(args: argparse.Namespace) -> int:
         print(diagnostics.to_json())
     else:
         if len(layers) < L or len(heads) < H:
-            note = (f"(rows numbered within the selection: layers {[i + 1 for i in layers]}, "
-                    f"heads {[h + 1 for h in heads]})")
-            print(note)
+            chosen_layers, chosen_heads = [i + 1 for i in layers], [h + 1 for h in heads]
+            print(f"（表中的层和头按所选范围重新编号：层 {chosen_layers}，头 {chosen_heads}）" if zh
+                  else f"(rows numbered within the selection: layers {chosen_layers}, "
+                  f"heads {chosen_heads})")
         print(diagnostics.to_table(args.lang))
     label = "已写入" if zh else "wrote"
     for path in written:
@@ -104,7 +106,27 @@ def run(args: argparse.Namespace) -> int:
     if _truncated(model, args.text):
         print(f"note: the text is longer than the model's {len(tokens)} tokens; only its "
               "start was run", file=sys.stderr)
+    unknown = _unknown_characters(model, args.text)
+    if unknown:
+        shown = " ".join(unknown[:10]) + (" …" if len(unknown) > 10 else "")
+        print(f"注意：{model.name} 的词表里没有 {shown}，它们被切成 [UNK]（模型看不到它们）" if zh
+              else f"note: {model.name}'s vocabulary has no {shown}; they became [UNK] "
+              "(the model cannot see them)", file=sys.stderr)
     return 0
+
+
+def _unknown_characters(model: Any, text: str) -> list[str]:
+    """The pieces of ``text`` that the tokenizer could only turn into [UNK], in order."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        return []
+    encoding = tokenizer.encode(text)
+    found: list[str] = []
+    for token, (start, end) in zip(encoding.tokens, encoding.offsets, strict=True):
+        piece = text[start:end]
+        if token == "[UNK]" and piece and piece not in found:
+            found.append(piece)
+    return found
 
 
 def _truncated(model: Any, text: str) -> bool:
