@@ -368,6 +368,9 @@ def test_ragged_and_non_bool_masks_are_named_errors():
             convert([[1, 0], [1]])
     with pytest.raises(AttnlabError, match="mask: could not be read as an array"):
         attnlab.mask_to_bias([[True], [True, False]])
+    with pytest.raises(AttnlabError, match=r"mask: expected a bool array \(True = may attend\), "
+                                           r"got dtype int64\. For a 0/1 mask use"):
+        attnlab.mask_to_bias(np.ones((2, 2), dtype=np.int64))
     for dtype in (int, complex, "banana"):
         with pytest.raises(AttnlabError, match="dtype: expected a float dtype"):
             attnlab.mask_to_bias(np.ones((2, 2), bool), dtype=dtype)

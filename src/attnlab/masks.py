@@ -22,7 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AttnlabError, ShapeError, as_array, check_positive_int, shape_str
+from .errors import (
+    AttnlabError,
+    ShapeError,
+    as_array,
+    as_bool_mask,
+    check_positive_int,
+    shape_str,
+)
 
 __all__ = [
     "causal_mask",
@@ -102,11 +109,7 @@ def mask_to_bias(mask: Any, dtype: Any = np.float64) -> np.ndarray:
     -inf rather than seed 001's -1e9: with -1e9 a fully blocked row silently
     becomes a uniform average over the blocked keys; with -inf attnlab gives 0.
     """
-    arr = as_array(mask, "mask")
-    if arr.dtype != np.bool_:
-        raise AttnlabError(
-            f"mask: expected a bool array (True = may attend), got dtype {arr.dtype}"
-        )
+    arr = as_bool_mask(mask, "mask")
     try:
         float_dtype = np.dtype(dtype)
     except TypeError:
