@@ -28,6 +28,7 @@ from .attention import scaled_dot_product_attention
 from .errors import (
     AttnlabError,
     ShapeError,
+    as_array,
     as_bool_mask,
     as_float_array,
     check_broadcastable,
@@ -266,7 +267,7 @@ class MultiHeadAttention:
                 f"got {shape_str(ctx.shape)}"
             )
         if key_padding is not None:
-            kp = np.asarray(key_padding)
+            kp = as_array(key_padding, "key_padding")
             expected = (*ctx.shape[:-2], ctx.shape[-2])
             if kp.dtype != np.bool_ or kp.shape != expected:
                 raise ShapeError(
