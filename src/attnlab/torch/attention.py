@@ -333,6 +333,10 @@ def _fused(
         attn_mask = bias
     else:
         attn_mask = bias.masked_fill(~allowed, float("-inf"))  # (..., T, S)
+    if attn_mask is not None and attn_mask.ndim < 2:
+        # A (S,) or () mask broadcasts to (..., T, S) like any other, but the fused
+        # kernel reads its dim -2: give it one.
+        attn_mask = attn_mask.reshape((1,) * (2 - attn_mask.ndim) + tuple(attn_mask.shape))
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )  # (..., T, Dv)
