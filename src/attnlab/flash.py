@@ -14,8 +14,10 @@ FlashAttention, 2022, and FlashAttention-2, 2023)::
         acc   = acc · exp(m - m_new) + p vⱼ
     out = acc / l,   lse = m + log l
 
-(Here the exponent's reference moves only when a row's running max leaves
-±20, rather than on every tile: see ``_WINDOW``.) Extra memory is the
+(Here the exponent's reference ``m`` moves only when a row's tile max leaves
+±20 around it, rather than on every tile: see ``_WINDOW``. It is kept in the
+scores' own units, so that scores far from it, such as -1e9 padding followed
+by real keys, are never rounded against it.) Extra memory is the
 (..., T, Dv) output, one copy of v and a few tiles, O(T·Dv + S·Dv +
 block_q·block_k) per batch-head, instead of O(T·S). Tiles that the causal mask
 (or a ``mask`` whose slice is all False) removes entirely are skipped.
@@ -185,28 +187,7 @@ def flash_attention(
     for q0 in range(0, T, block_q):
         q1 = min(q0 + block_q, T)
         q_blk = q_full[..., q0:q1, :] * scale_typed  # (..., bq, D) scale folded into q
-        # exp is taken of (score - ref), ref a per-row reference (0 until a row
-        # needs another); row_max = running max - ref is kept within ±_WINDOW.
-        ref: np.ndarray | None = None  # (..., bq, 1); None = all zeros
-        row_max = np.full((*batch, q1 - q0, 1), -np.inf, dtype=dtype)  # (..., bq, 1)
-        acc = np.zeros((*batch, q1 - q0, Dv + 1), dtype=dtype)  # (..., bq, Dv + 1) [Σ p v, Σ p]
-        for k0 in range(0, S, block_k):
-            k1 = min(k0 + block_k, S)
-            blocked = tiles.blocked(q0, q1, k0, k1, stats)
-            if blocked is _SKIP:
-                continue
-            scores = np.matmul(q_blk, k_t[..., k0:k1])  # (..., bq, bk)
-            tiles.add_bias(scores, q0, q1, k0, k1)
-            if blocked is not None:
-                np.copyto(scores, -np.inf, where=blocked)
-            if ref is not None:
-                scores -= ref
-            np.maximum(row_max, scores.max(axis=-1, keepdims=True), out=row_max)
-            moved = (row_max > _WINDOW) | ((row_max < -_WINDOW) & (row_max != -np.inf))
-            if moved.any():
-                ref = _recentre(scores, acc, row_max, moved, ref)
-            np.exp(scores, out=scores)  # (..., bq, bk) unnormalised weights p
-            acc += np.matmul(scores, v_ones[..., k0:k1, :])  # (..., bq, Dv + 1)
+        acc, ref = _online_softmax(q_blk, q0, q1, k_t, v_ones, tiles, block_k, batch, stats)
         row_sum = acc[..., Dv:]  # (..., bq, 1)
         # Rows with nothing to attend to have Σ p = 0 (and Σ p v = 0): divide by 1 to give 0.
         empty = row_sum == 0.0  # (..., bq, 1)
@@ -255,14 +236,19 @@ def flash_attention_backward(
     treated as a constant)::
 
         P     = exp(q kᵀ · scale + bias - lse), 0 where not allowed     (..., T, S)
-        δ     = Σ_Dv dout ⊙ out                                         (..., T)
+        dP    = dout vᵀ                                                 (..., T, S)
+        δ     = Σ_S P ⊙ dP                                              (..., T)
         dv    = Pᵀ dout                                                 (..., S, Dv)
-        dz    = P ⊙ (dout vᵀ − δ)                                       (..., T, S)
+        dz    = P ⊙ (dP − δ)                                            (..., T, S)
         dq    = dz k · scale,   dk = dzᵀ q · scale
 
-    (δ = Σ_S P ⊙ dP, the softmax-backward row sum, computed from ``out`` in
-    O(T·Dv) instead of from the weights.) Rows with nothing to attend to
-    (lse = -inf) pass no gradient.
+    (δ = Σ_S P ⊙ dP, the softmax-backward row sum, is computed from the
+    recomputed weights in a first pass over the tiles, as the plain backward
+    does, not from ``out``, and divided by Σ_S P: see the comment in the code.) ``out`` is checked
+    for its shape only. Rows with nothing to attend to (lse = -inf) pass no
+    gradient. A row whose every score sits under a huge finite fill (-1e9,
+    ``finfo.min``) has an lse whose fractional part even float64 cannot hold;
+    its exact reference is recomputed from the scores.
     """
     q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, out_dtype = _prepare(
         q, k, v, mask, bias, is_causal, scale, tiled=True
@@ -273,24 +259,51 @@ def flash_attention_backward(
     T, D, S, Dv = *q_arr.shape[-2:], k_arr.shape[-2], v_arr.shape[-1]
     batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
     tiles = _Tiles(T, S, allowed, bias_arr, bool(is_causal))
-    out_arr = _as_forward(out, "out", (*batch, T, Dv), "(..., T, Dv)", dtype)
+    _as_forward(out, "out", (*batch, T, Dv), "(..., T, Dv)", dtype)
     lse_arr = _as_forward(lse, "lse", (*batch, T), "(..., T)", _LSE_DTYPE, allow_neginf=True)
     dout_arr = _upstream(dout, (*batch, T, Dv), "(..., T, Dv)", dtype)
 
-    # A row with lse = -inf has P = 0 everywhere: subtracting +inf instead gives
-    # exp(s - inf) = 0 without ever forming -inf - (-inf). The float64 lse is
-    # subtracted as two parts in the compute dtype, high then low, so that a
-    # huge lse keeps its fractional part without a float64 pass over each tile.
-    lse_shift = np.where(lse_arr == -np.inf, np.inf, lse_arr)[..., None]  # (..., T, 1)
-    lse_high = lse_shift.astype(dtype)  # (..., T, 1)
-    with np.errstate(invalid="ignore"):  # inf - inf in the empty rows, set to 0 below
-        lse_low = (lse_shift - lse_high).astype(dtype)  # (..., T, 1)
-    lse_low[np.isinf(lse_shift)] = 0.0
-    delta = np.sum(dout_arr * out_arr, axis=-1, keepdims=True)  # (..., T, 1)
     scale_typed = dtype.type(scale_value)
     q_full = np.broadcast_to(q_arr, (*batch, T, D))  # (..., T, D) a view
     k_t = np.swapaxes(k_arr, -1, -2)  # (..., D, S)
     v_t = np.swapaxes(v_arr, -1, -2)  # (..., Dv, S)
+    lse_high, lse_low = _split_lse(lse_arr, dtype)  # (..., T, 1) each
+    _exact_references(lse_high, lse_low, q_full, k_t, scale_typed, tiles, block_q, block_k)
+
+    def tile_weights(q0: int, q1: int, k0: int, k1: int, blocked: np.ndarray | None) -> np.ndarray:
+        weights = np.matmul(q_full[..., q0:q1, :] * scale_typed, k_t[..., k0:k1])  # (..., bq, bk)
+        tiles.add_bias(weights, q0, q1, k0, k1)
+        if blocked is not None:
+            np.copyto(weights, -np.inf, where=blocked)
+        weights -= lse_high[..., q0:q1, :]
+        weights -= lse_low[..., q0:q1, :]
+        return np.exp(weights, out=weights)  # (..., bq, bk) P, recomputed
+
+    # δ = Σ_S P ⊙ dP / Σ_S P, from the same P and dP tiles that the main pass
+    # uses (a first pass over the tiles). FlashAttention-2 takes δ = rowsum(dout
+    # ⊙ out) instead, equal in exact arithmetic and one pass cheaper, but it
+    # carries the forward's rounding of ``out``, independent of the dP it is
+    # subtracted from: float32 dq came out ~2-3x less accurate than the plain
+    # backward's on some BLAS kernels. Dividing by Σ P (1 up to the rounding of
+    # lse) makes δ the mean of dP under the very weights used below, so that
+    # dP - δ cancels as in the plain path: a query that sees one key gets dq = 0.
+    # This pass costs two of the backward's seven tile matmuls.
+    weighted = np.zeros((*batch, T, 2), dtype=dtype)  # (..., T, 2) [Σ P dP, Σ P]
+    for q0 in range(0, T, block_q):
+        q1 = min(q0 + block_q, T)
+        for k0 in range(0, S, block_k):
+            k1 = min(k0 + block_k, S)
+            blocked = tiles.blocked(q0, q1, k0, k1, None)
+            if blocked is _SKIP:
+                continue
+            weights = tile_weights(q0, q1, k0, k1, blocked)  # (..., bq, bk) P
+            dscores = np.matmul(dout_arr[..., q0:q1, :], v_t[..., k0:k1])  # (..., bq, bk) dP
+            dscores *= weights
+            weighted[..., q0:q1, 0] += dscores.sum(axis=-1)  # (..., bq)
+            weighted[..., q0:q1, 1] += weights.sum(axis=-1)  # (..., bq)
+    total = weighted[..., 1:]  # (..., T, 1)
+    delta = weighted[..., :1] / np.where(total == 0.0, 1.0, total)  # (..., T, 1)
+
     dq = np.zeros((*batch, T, D), dtype=dtype)  # (..., T, D), in units of dz k
     dk = np.zeros((*batch, S, D), dtype=dtype)  # (..., S, D), in units of dzᵀ q
     dv = np.zeros((*batch, S, Dv), dtype=dtype)  # (..., S, Dv)
@@ -303,21 +316,14 @@ def flash_attention_backward(
             blocked = tiles.blocked(q0, q1, k0, k1, stats)
             if blocked is _SKIP:
                 continue
-            q_blk = q_full[..., q0:q1, :]  # (..., bq, D)
-            weights = np.matmul(q_blk * scale_typed, k_t[..., k0:k1])  # (..., bq, bk)
-            tiles.add_bias(weights, q0, q1, k0, k1)
-            if blocked is not None:
-                np.copyto(weights, -np.inf, where=blocked)
-            weights -= lse_high[..., q0:q1, :]
-            weights -= lse_low[..., q0:q1, :]
-            np.exp(weights, out=weights)  # (..., bq, bk) P, recomputed
+            weights = tile_weights(q0, q1, k0, k1, blocked)  # (..., bq, bk) P
             dout_blk = dout_arr[..., q0:q1, :]  # (..., bq, Dv)
             dv_blk += np.matmul(np.swapaxes(weights, -1, -2), dout_blk)  # (..., bk, Dv)
             dscores = np.matmul(dout_blk, v_t[..., k0:k1])  # (..., bq, bk) dP
             dscores -= delta[..., q0:q1, :]
             dscores *= weights  # (..., bq, bk) dz
             dq[..., q0:q1, :] += np.matmul(dscores, k_arr[..., k0:k1, :])  # (..., bq, D)
-            dk_blk += np.matmul(np.swapaxes(dscores, -1, -2), q_blk)  # (..., bk, D)
+            dk_blk += np.matmul(np.swapaxes(dscores, -1, -2), q_full[..., q0:q1, :])  # (..., bk, D)
     dq *= scale_typed
     dk *= scale_typed
     return (
@@ -399,24 +405,118 @@ def _unit_columns(v: np.ndarray, S: int) -> tuple[np.ndarray, np.ndarray | None]
 _SKIP = np.zeros((), dtype=bool)  # sentinel: the whole tile is masked out
 
 
-def _recentre(
-    scores: np.ndarray, acc: np.ndarray, row_max: np.ndarray, moved: np.ndarray,
-    ref: np.ndarray | None,
-) -> np.ndarray:
-    """Move the reference of the ``moved`` rows onto their running max; returns the new ref.
+def _online_softmax(
+    q_blk: np.ndarray, q0: int, q1: int, k_t: np.ndarray, v_ones: np.ndarray, tiles: _Tiles,
+    block_k: int, batch: tuple[int, ...], stats: FlashStats | None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """One query block's pass over the key tiles: the unnormalised sums and their reference.
 
-    Updates ``scores`` (..., bq, bk), ``acc`` (..., bq, Dv + 1) and ``row_max``
-    (..., bq, 1) in place. A row moves up (max > _WINDOW) and its sums shrink by
-    exp(-delta) ≤ 1, or it moves down (max < -_WINDOW), which happens only while
-    it has no mass yet (its max was -inf before this tile), so its sums stay 0:
-    the factor is clipped to 1 there rather than overflowing (0 · inf = NaN).
+    Shapes: q_blk (..., bq, D), scale already folded in; k_t (..., D, S);
+    v_ones (..., S, Dv + 1), v with a column of ones -> acc (..., bq, Dv + 1) =
+    [Σ p v, Σ p] with p = exp(score - ref), and ref (..., bq, 1) (None = all 0).
+
+    ref is kept in the scores' own (absolute) units and scores are shifted once,
+    after their max is taken, so that a reference far from a row's real scores
+    (-1e9 under a padded tile) costs no precision.
     """
-    delta = np.where(moved, row_max, 0.0).astype(scores.dtype, copy=False)  # (..., bq, 1)
-    with np.errstate(over="ignore"):  # a -1e308 score minus a 1e308 max: -inf, weight 0
-        scores -= delta
-    acc *= np.exp(-np.maximum(delta, 0.0))
-    row_max -= delta
-    return delta if ref is None else ref + delta
+    ref: np.ndarray | None = None  # (..., bq, 1)
+    has_mass = np.zeros((*batch, q1 - q0, 1), dtype=bool)  # (..., bq, 1) Σ p > 0 so far
+    acc = np.zeros((*batch, q1 - q0, v_ones.shape[-1]), dtype=q_blk.dtype)  # (..., bq, Dv + 1)
+    for k0 in range(0, k_t.shape[-1], block_k):
+        k1 = min(k0 + block_k, k_t.shape[-1])
+        blocked = tiles.blocked(q0, q1, k0, k1, stats)
+        if blocked is _SKIP:
+            continue
+        scores = np.matmul(q_blk, k_t[..., k0:k1])  # (..., bq, bk)
+        tiles.add_bias(scores, q0, q1, k0, k1)
+        if blocked is not None:
+            np.copyto(scores, -np.inf, where=blocked)
+        tile_max = scores.max(axis=-1, keepdims=True)  # (..., bq, 1)
+        ref = _move_reference(tile_max, ref, has_mass, acc)
+        if ref is not None:
+            scores -= ref
+        np.exp(scores, out=scores)  # (..., bq, bk) unnormalised weights p
+        acc += np.matmul(scores, v_ones[..., k0:k1, :])  # (..., bq, Dv + 1)
+        has_mass |= tile_max != -np.inf
+    return acc, ref
+
+
+def _move_reference(
+    tile_max: np.ndarray, ref: np.ndarray | None, has_mass: np.ndarray, acc: np.ndarray
+) -> np.ndarray | None:
+    """The rows' exponent reference after a tile whose row maxima are ``tile_max``.
+
+    Shapes: tile_max, ref, has_mass (..., bq, 1); acc (..., bq, Dv + 1), rescaled
+    in place. A row's reference moves onto its tile max when that max lies more
+    than _WINDOW above it (the sums would overflow), or when the row has no mass
+    yet and the max lies more than _WINDOW below it (every weight would
+    underflow, e.g. a tile under seed 000's -1e9 fill). Moving up from ``old`` to
+    ``new`` multiplies the sums by exp(old - new) ≤ 1, computed in float64 so that
+    a difference of 1e9 gives an exact 0; moving down happens only without mass,
+    where the sums are 0 and stay 0. Returns the new reference (None = all 0).
+    """
+    old = 0.0 if ref is None else ref
+    with np.errstate(invalid="ignore"):  # -inf - -inf for rows with nothing yet: not moved
+        gap = tile_max - old  # (..., bq, 1)
+        moved = (gap > _WINDOW) | ((gap < -_WINDOW) & ~has_mass & (tile_max != -np.inf))
+    if not moved.any():
+        return ref
+    new = np.where(moved, tile_max, old).astype(tile_max.dtype)  # (..., bq, 1)
+    shrink = np.exp(np.minimum(np.asarray(old, np.float64) - new.astype(np.float64), 0.0))
+    acc *= shrink.astype(acc.dtype)  # rows that did not move: exp(0) = 1
+    return new
+
+
+#: A row whose |lse| exceeds this came from a huge finite fill (-1e9, finfo.min)
+#: over all its keys: float64 then rounds away part of log Σ exp, so
+#: flash_attention_backward recomputes such a row's reference from its scores.
+#: Real scores never get near it (softmax saturates long before).
+_LSE_EXACT_LIMIT = 2.0**20
+
+
+def _split_lse(lse: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 lse (..., T) as high + low parts in ``dtype``, each (..., T, 1).
+
+    Subtracting high then low from a tile of scores keeps the lse's fractional
+    part without a float64 pass over the tile. A row with lse = -inf (nothing
+    to attend to) gets high = +inf, low = 0: exp(s - inf) = 0, never -inf - -inf.
+    """
+    shift = np.where(lse == -np.inf, np.inf, lse)[..., None]  # (..., T, 1)
+    high = shift.astype(dtype)  # (..., T, 1)
+    with np.errstate(invalid="ignore"):  # inf - inf in the empty rows, set to 0 below
+        low = (shift - high).astype(dtype)  # (..., T, 1)
+    low[np.isinf(shift)] = 0.0
+    return high, low
+
+
+def _exact_references(
+    high: np.ndarray, low: np.ndarray, q_full: np.ndarray, k_t: np.ndarray,
+    scale: np.floating, tiles: _Tiles, block_q: int, block_k: int,
+) -> None:
+    """Recompute (high, low) = (ref, log Σ exp(s - ref)) for query blocks with a huge lse.
+
+    Shapes: high, low (..., T, 1), updated in place; q_full (..., T, D); k_t (..., D, S).
+    Only blocks holding a row with finite |lse| > _LSE_EXACT_LIMIT are redone,
+    with the forward's own online softmax (sums only).
+    """
+    T, S = q_full.shape[-2], k_t.shape[-1]
+    huge = np.isfinite(high) & (np.abs(high) > _LSE_EXACT_LIMIT)  # (..., T, 1)
+    if not huge.any():
+        return
+    batch, dtype = high.shape[:-2], high.dtype
+    ones = np.ones((S, 1), dtype=dtype)  # (S, 1): p @ ones gives Σ p
+    for q0 in range(0, T, block_q):
+        q1 = min(q0 + block_q, T)
+        if not huge[..., q0:q1, :].any():
+            continue
+        acc, ref = _online_softmax(
+            q_full[..., q0:q1, :] * scale, q0, q1, k_t, ones, tiles, block_k, batch, None
+        )
+        row_sum = acc[..., -1:]  # (..., bq, 1)
+        empty = row_sum == 0.0
+        with np.errstate(divide="ignore"):
+            high[..., q0:q1, :] = np.where(empty, np.inf, 0.0 if ref is None else ref)
+            low[..., q0:q1, :] = np.where(empty, 0.0, np.log(np.where(empty, 1.0, row_sum)))
 
 
 class _Tiles:
