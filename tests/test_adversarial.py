@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import attnlab
 import attnlab.torch as at
+from attnlab.errors import AttnlabError
 
 torch.set_num_threads(1)
 
@@ -70,11 +71,11 @@ def test_torch_sdpa_takes_a_bias_of_rank_below_two(bias):
 
 
 def test_torch_sdpa_takes_a_1d_mask_and_a_1d_bias_together():
-    q, k, v = _qkv(2, 4, 8)
+    q, k, v = _qkv(2, 3, 4, 8)
     mask, bias = torch.tensor([True, True, False, True, True]), torch.arange(5.0).double()
     out = at.scaled_dot_product_attention(q, k, v, mask, bias=bias)
     expected = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=bias.masked_fill(~mask, float("-inf")).expand(2, 4, 5))
+        q, k, v, attn_mask=bias.masked_fill(~mask, float("-inf")).expand(2, 3, 4, 5))
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)  # float64
 
 
@@ -85,3 +86,206 @@ def test_torch_multihead_takes_a_1d_mask_without_weights():
     out = mha(x, x, x, mask, need_weights=False)
     with_weights, _ = mha(x, x, x, mask, need_weights=True)
     torch.testing.assert_close(out, with_weights, rtol=1e-12, atol=1e-12)  # float64, two paths
+
+
+# ---------------------------------------------------------------- F. tensors the core cannot read
+
+
+def test_numpy_core_names_a_tensor_that_requires_grad():
+    q = torch.ones(3, 4, requires_grad=True)
+    with pytest.raises(AttnlabError, match=r"^q: expected a NumPy array, got a Tensor that "
+                                           r"requires grad; pass q\.detach\(\)"):
+        attnlab.scaled_dot_product_attention(q, np.ones((5, 4)), np.ones((5, 2)))
+    with pytest.raises(AttnlabError, match=r"^mask: expected a NumPy array"):
+        attnlab.scaled_dot_product_attention(
+            np.ones((3, 4)), np.ones((5, 4)), np.ones((5, 2)), torch.ones(3, 5, requires_grad=True))
+
+
+META = "on the meta device, which holds none"
+
+
+def _meta(*shape):
+    return torch.zeros(*shape, device="meta")
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: at.scaled_dot_product_attention(_meta(3, 4), _meta(5, 4), _meta(5, 2)), "q"),
+    (lambda: at.scaled_dot_product_attention(_meta(3, 4), _meta(5, 4), _meta(5, 2),
+                                             return_weights=True), "q"),
+    (lambda: at.scaled_dot_product_attention(_meta(3, 4), _meta(5, 4), _meta(5, 2),
+                                             bias=_meta(3, 5)), "bias"),
+    (lambda: at.softmax(_meta(3, 4)), "x"),
+    (lambda: at.apply_rope(torch.zeros(3, 4), torch.zeros(3, dtype=torch.long,
+                                                          device="meta")), "positions"),
+    (lambda: at.MultiHeadAttention(2, 8, device="meta")(_meta(2, 3, 8), _meta(2, 3, 8),
+                                                        _meta(2, 3, 8)), "query"),
+    (lambda: at.KVCache(1, 1, 4, device="meta").attend(_meta(1, 1, 2, 4), _meta(1, 1, 2, 4),
+                                                       _meta(1, 1, 2, 4)), "k"),
+], ids=["sdpa", "sdpa-weights", "bias", "softmax", "rope", "mha", "kv-cache"])
+def test_torch_names_a_meta_tensor_instead_of_failing_in_item(call, name):
+    with pytest.raises(AttnlabError, match=rf"^{name}: expected a tensor holding values .*{META}"):
+        call()
+
+
+# ---------------------------------------------------------------- H, I. flags and scalars
+
+
+@pytest.mark.parametrize("flag", ["no", "", 0, 1, None, np.array(True), torch.tensor(True)],
+                         ids=["str", "empty-str", "0", "1", "None", "0d-array", "0d-tensor"])
+def test_both_twins_refuse_a_flag_that_is_not_a_bool(flag):
+    q = np.ones((3, 4))
+    for name in ("return_weights", "is_causal"):
+        with pytest.raises(AttnlabError, match=rf"^{name}: expected True or False, got "):
+            attnlab.scaled_dot_product_attention(q, q, q, **{name: flag})
+        with pytest.raises(AttnlabError, match=rf"^{name}: expected True or False, got "):
+            at.scaled_dot_product_attention(torch.ones(3, 4), torch.ones(3, 4),
+                                             torch.ones(3, 4), **{name: flag})
+
+
+@pytest.mark.parametrize("scale", [np.float32(0.5), np.float64(0.25), np.int64(2), 3, 0.5])
+@pytest.mark.parametrize("is_causal", [np.bool_(True), np.bool_(False), True])
+def test_both_twins_take_numpy_scalars_and_agree(scale, is_causal):
+    q, k, v = _qkv(2, 4, 8, S=4)
+    numpy_out, numpy_weights = attnlab.scaled_dot_product_attention(
+        q.numpy(), k.numpy(), v.numpy(), scale=scale, is_causal=is_causal,
+        return_weights=np.bool_(True))
+    for return_weights in (False, True):
+        got = at.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=is_causal,
+                                              return_weights=return_weights)
+        out = got[0] if return_weights else got
+        # float64 on both sides; the fused kernel sums in another order.
+        np.testing.assert_allclose(out.numpy(), numpy_out, rtol=1e-12, atol=1e-12)
+    assert numpy_weights.shape == (2, 4, 4)
+
+
+@pytest.mark.parametrize("scale,message", [
+    ("0.5", "expected a real number or None, got '0.5'"),
+    (True, "expected a real number or None, got True"),
+    (np.bool_(True), "expected a real number or None, got "),
+    (np.array(0.5), "expected a real number or None, got "),
+    (torch.tensor(0.5), "expected a real number or None, got "),
+    (float("nan"), "expected a finite number, got nan"),
+    (np.float32("inf"), "expected a finite number, got inf"),
+    (1 + 2j, "expected a real number or None, got "),
+])
+def test_both_twins_refuse_the_same_bad_scales(scale, message):
+    q = np.ones((3, 4))
+    with pytest.raises(AttnlabError, match=rf"^scale: {message}"):
+        attnlab.scaled_dot_product_attention(q, q, q, scale=scale)
+    with pytest.raises(AttnlabError, match=rf"^scale: {message}"):
+        at.scaled_dot_product_attention(torch.ones(3, 4), torch.ones(3, 4), torch.ones(3, 4),
+                                        scale=scale)
+
+
+def test_other_flags_are_checked_not_truth_tested():
+    x = np.ones((1, 3, 8))
+    mha = attnlab.MultiHeadAttention.init(8, 2, seed=0)
+    with pytest.raises(AttnlabError, match=r"^return_weights: expected True or False, got 'no'$"):
+        mha(x, return_weights="no")
+    with pytest.raises(AttnlabError, match=r"^interleaved: expected True or False, got 'yes'$"):
+        attnlab.apply_rope(np.ones((3, 4)), interleaved="yes")
+    with pytest.raises(AttnlabError, match=r"^interleaved: expected True or False, got 1$"):
+        at.apply_rope(torch.ones(3, 4), interleaved=1)
+    model = attnlab.TinyDecoder(attnlab.DecoderConfig(vocab_size=11, d_model=8, num_heads=2))
+    with pytest.raises(AttnlabError, match=r"^greedy: expected True or False, got 'False'$"):
+        model.generate([1, 2], 2, greedy="False")
+
+
+@pytest.mark.parametrize("twin", ["numpy", "torch"])
+def test_kv_cache_refuses_a_query_with_no_heads_and_appends_nothing(twin):
+    lib, make = (attnlab, np.zeros) if twin == "numpy" else (at, torch.zeros)
+    cache = lib.KVCache(1, 2, 4)
+    k = make((1, 2, 3, 4))
+    with pytest.raises(AttnlabError, match=r"^q: expected \(B, H, T, D\) = \(1, H, 3, 4\) "
+                                           r"with H a positive multiple of Hkv = 2"):
+        cache.attend(make((1, 0, 3, 4)), k, k)
+    assert cache.length == 0  # refused before anything was written
+
+
+@pytest.mark.parametrize("scale", [np.float32(0.5), np.int64(2)])
+def test_kv_cache_twins_take_numpy_scalars_and_agree(scale):
+    q, k, v = _qkv(1, 4, 3, 4, S=3, Dv=4)  # (B, H, T, D) with H = Hkv = 4
+    numpy_cache, torch_cache = attnlab.KVCache(1, 4, 4), at.KVCache(1, 4, 4, dtype=torch.float64)
+    expected = numpy_cache.attend(q.numpy(), k.numpy(), v.numpy(), scale=scale)
+    got = torch_cache.attend(q, k, v, scale=scale)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-12)  # float64
+
+
+# ---------------------------------------------------------------- D. sampling at tiny temperatures
+
+
+def test_sampling_at_a_tiny_temperature_is_greedy_not_token_zero():
+    model = attnlab.TinyDecoder(
+        attnlab.DecoderConfig(vocab_size=50, d_model=16, num_heads=2, dtype="float64"), seed=1)
+    greedy = model.generate([[3, 1, 4], [1, 5, 9]], 6)
+    for temperature in (1e-310, 5e-324, 1e-300, 1e-30):
+        sampled = model.generate([[3, 1, 4], [1, 5, 9]], 6, greedy=False,
+                                 temperature=temperature, seed=7)
+        np.testing.assert_array_equal(sampled.tokens, greedy.tokens)
+    assert (greedy.new_tokens != 0).any()  # the old NaN CDF always picked token 0
+
+
+def test_sampling_at_a_huge_temperature_is_uniform_not_nan():
+    model = attnlab.TinyDecoder(attnlab.DecoderConfig(vocab_size=4, d_model=8, num_heads=2))
+    out = model.generate(np.zeros((400, 1), dtype=np.int64), 1, greedy=False,
+                         temperature=1e308, seed=0)
+    counts = np.bincount(out.new_tokens.ravel(), minlength=4)
+    # 400 uniform draws over 4 tokens: each count is 100 ± 8.7 (one sigma); 40 is 7 sigmas.
+    assert (np.abs(counts - 100) < 40).all(), counts
+
+
+# ---------------------------------------------------------------- E. sizes from arguments
+
+
+LIMIT = r"more than attnlab's limit of 2,147,483,648 \(attnlab\.errors\.MAX_ELEMENTS\)"
+
+HUGE = [
+    (lambda: attnlab.causal_mask(10**6), r"T: the causal mask \(T, S\) = \(1000000, 1000000\)"),
+    (lambda: attnlab.causal_mask(3, 10**10), r"T, S: the causal mask \(T, S\)"),
+    (lambda: at.causal_mask(10**6), r"T: the causal mask \(T, S\)"),
+    (lambda: attnlab.sliding_window_mask(10**6, 3, causal=True),
+     r"T: the sliding-window mask \(T, S\)"),
+    (lambda: at.sliding_window_mask(10**6, 3), r"T: the sliding-window mask \(T, S\)"),
+    (lambda: attnlab.block_sparse_mask(10**6, 64), r"T: the block-sparse mask \(T, S\)"),
+    (lambda: attnlab.sparse.bigbird_layout(10**6), r"num_blocks: the block layout \(n, n\)"),
+    (lambda: attnlab.alibi_bias(8, 10**5), r"num_heads, T: the bias \(H, T, S\)"),
+    (lambda: at.alibi_bias(8, 10**5), r"num_heads, T: the bias \(H, T, S\)"),
+    (lambda: attnlab.alibi_slopes(10**10), r"num_heads: the slopes \(H,\)"),
+    (lambda: at.alibi_slopes(10**10), r"num_heads: the slopes \(H,\)"),
+    (lambda: attnlab.sinusoidal_encoding(10**9, 512), r"max_len, d_model: the table"),
+    (lambda: at.sinusoidal_encoding(10**9, 512), r"max_len, d_model: the table"),
+    (lambda: attnlab.SinusoidalPositionalEncoding(512, 10**9), r"max_len, d_model: the table"),
+    (lambda: attnlab.LearnedPositionalEmbedding(10**9, 512), r"max_len, d_model: the table"),
+    (lambda: at.PositionalEncoding(512, 10**9), r"max_len, d_model: the table"),
+    (lambda: attnlab.init_weight(10**6, 10**6, rng=0), r"fan_in, fan_out: the weight"),
+    (lambda: attnlab.MultiHeadAttention.init(10**6, 1), r"fan_in, fan_out: the weight"),
+    (lambda: attnlab.KVCache(1, 8, 64, capacity=10**9), r"capacity: the cache's buffer"),
+    (lambda: attnlab.KVCache(1, 8, 64, max_len=10**9), r"max_len: the cache's buffer"),
+    (lambda: attnlab.SlidingWindowKVCache(1, 8, 64, window=10**9), r"window: the cache's"),
+    (lambda: at.KVCache(1, 8, 64, capacity=10**9), r"capacity: the cache's buffer"),
+    (lambda: at.KVCache(1, 8, 64, max_len=10**9), r"max_len: the cache's buffer"),
+    (lambda: at.SlidingWindowKVCache(1, 8, 64, window=10**9), r"window: the cache's buffer"),
+    (lambda: attnlab.TinyDecoder(attnlab.DecoderConfig(vocab_size=10**9)),
+     r"vocab_size, d_model: the embedding \(V, E\)"),
+    (lambda: attnlab.TinyDecoder(attnlab.DecoderConfig(vocab_size=16, d_model=8, num_heads=2))
+     .generate([1, 2], 10**9), r"max_new_tokens: the logits \(B, N, V\)"),
+]
+
+
+@pytest.mark.parametrize("call,message", HUGE, ids=[m.split(":")[0] + f"-{i}"
+                                                      for i, (_, m) in enumerate(HUGE)])
+def test_a_huge_size_is_refused_before_allocating(call, message):
+    with pytest.raises(AttnlabError, match=rf"^{message}.*{LIMIT}"):
+        call()
+
+
+@pytest.mark.parametrize("twin", ["numpy", "torch"])
+def test_a_kv_cache_refuses_to_grow_past_the_limit(twin, monkeypatch):
+    monkeypatch.setattr(attnlab.errors, "MAX_ELEMENTS", 1000)
+    lib, make = (attnlab, np.zeros) if twin == "numpy" else (at, torch.zeros)
+    cache = lib.KVCache(1, 2, 4, capacity=100)  # (1, 2, 100, 4): 800 elements
+    cache.append(make((1, 2, 100, 4)), make((1, 2, 100, 4)))
+    with pytest.raises(AttnlabError, match=r"^k: the cache's buffer \(B, Hkv, length, D\) = "
+                                           r"\(1, 2, 200, 4\) would hold 1,600 elements"):
+        cache.append(make((1, 2, 1, 4)), make((1, 2, 1, 4)))
+    assert cache.length == 100

@@ -23,12 +23,15 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from .errors import (
+    MAX_ELEMENTS,
     AttnlabError,
     ShapeError,
     as_bool_mask,
     as_float_array,
     check_broadcastable,
+    check_flag,
     check_ndim,
+    check_scale,
     shape_str,
 )
 from .masks import causal_mask
@@ -36,8 +39,9 @@ from .masks import causal_mask
 __all__ = ["softmax", "scaled_dot_product_attention", "self_attention", "MAX_SCORE_ELEMENTS"]
 
 #: The plain path refuses to build a score matrix with more elements than this
-#: (2**31 elements = 8 GiB in float32), instead of swapping the machine to death.
-MAX_SCORE_ELEMENTS = 2**31
+#: (2**31 elements = 8 GiB in float32), instead of swapping the machine to death:
+#: attnlab's one size limit, :data:`attnlab.errors.MAX_ELEMENTS`.
+MAX_SCORE_ELEMENTS = MAX_ELEMENTS
 
 
 def softmax(x: Any, axis: int = -1) -> np.ndarray:
@@ -166,6 +170,7 @@ def scaled_dot_product_attention(
     array([[1.  , 0.  ],
            [0.33, 0.67]])
     """
+    return_weights = check_flag(return_weights, "return_weights")
     q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, out_dtype = _prepare(
         q, k, v, mask, bias, is_causal, scale
     )
@@ -236,17 +241,8 @@ def _prepare(
     dtype = np.result_type(q_arr, k_arr, v_arr)
     q_arr, k_arr, v_arr = (a.astype(dtype, copy=False) for a in (q_arr, k_arr, v_arr))
 
-    if scale is None:
-        scale_value = 1.0 / np.sqrt(D) if D > 0 else 1.0
-    else:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
-            raise AttnlabError(f"scale: expected a real number or None, got {scale!r}")
-        scale_value = float(scale)
-        if not np.isfinite(scale_value):
-            raise AttnlabError(f"scale: expected a finite number, got {scale_value}")
-
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise AttnlabError(f"is_causal: expected True or False, got {is_causal!r}")
+    scale_value = check_scale(scale, D)
+    is_causal = check_flag(is_causal, "is_causal")
 
     allowed: np.ndarray | None = None
     if mask is not None:

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AttnlabError, ShapeError, check_positive_int, shape_str
+from .errors import AttnlabError, ShapeError, check_alloc, check_flag, check_positive_int, shape_str
 from .init import RngLike, as_rng, init_weight
 from .kv_cache import KVCache, SlidingWindowKVCache
 from .layers import EncoderBlock, FeedForward, LayerNorm
@@ -81,6 +81,7 @@ class DecoderConfig:
             raise AttnlabError(
                 f"d_model: expected a multiple of num_heads = {H}, got {self.d_model}"
             )
+        check_flag(self.rope, "rope")
         if self.rope and (self.d_model // H) % 2:
             raise AttnlabError(
                 f"d_model: RoPE needs an even head dim D = d_model / num_heads, "
@@ -190,6 +191,8 @@ class TinyDecoder:
         rng = as_rng(seed)
         dtype = np.dtype(cfg.dtype)
         E, V = cfg.d_model, cfg.vocab_size
+        check_alloc((V, E), dtype, "the embedding (V, E)", "vocab_size, d_model")
+        check_alloc((E, cfg.d_ff), dtype, "the feed-forward weight (E, d_ff)", "d_model, d_ff")
         self.embedding = rng.standard_normal((V, E)).astype(dtype)  # (V, E)
         self.blocks: list[DecoderBlock] = []
         for _ in range(cfg.num_layers):
@@ -274,6 +277,8 @@ class TinyDecoder:
         """
         prompt = self._check_ids(prompt_ids, "prompt_ids")
         N = check_positive_int(max_new_tokens, "max_new_tokens", allow_zero=True)
+        use_cache = check_flag(use_cache, "use_cache")
+        greedy = check_flag(greedy, "greedy")
         if isinstance(temperature, bool) or not isinstance(
             temperature, (int, float, np.floating)
         ) or not (0.0 < float(temperature) < np.inf):
@@ -287,6 +292,8 @@ class TinyDecoder:
                 f"max_new_tokens: the prompt ({T0}) plus {N} new tokens exceed the caches' "
                 f"max_len = {max_len}; expected max_new_tokens <= {max(max_len - T0, 0)}"
             )
+        check_alloc((B, N, self.config.vocab_size), self.dtype, "the logits (B, N, V)",
+                    "max_new_tokens")
         rng = as_rng(seed)
         tokens = np.empty((B, T0 + N), dtype=np.int64)  # (B, T0 + N)
         tokens[:, :T0] = prompt
@@ -322,8 +329,12 @@ def _pick(logits: np.ndarray, greedy: bool, temperature: float, rng: np.random.G
           ) -> np.ndarray:  # (B, V) -> (B,)
     if greedy:
         return np.argmax(logits, axis=-1)  # (B,)
-    scaled = logits.astype(np.float64) / temperature  # (B, V)
-    probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))  # (B, V)
+    # Shift before dividing: every shifted logit is <= 0, so a tiny temperature sends
+    # the others to -inf (weight 0) and the largest to 0 (weight 1): greedy, never
+    # the NaN that (logits / T) overflowing to inf - inf gave.
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)  # (B, V)
+    with np.errstate(over="ignore"):
+        probs = np.exp(shifted / temperature)  # (B, V), the largest logit has weight 1
     cdf = np.cumsum(probs, axis=-1)  # (B, V)
     draws = rng.random(logits.shape[0]) * cdf[:, -1]  # (B,)
     return np.minimum((cdf <= draws[:, None]).sum(axis=-1), logits.shape[-1] - 1)  # (B,)

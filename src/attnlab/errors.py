@@ -11,6 +11,7 @@ S key length, D head dim, Dv value dim, E model width.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,8 +27,21 @@ __all__ = [
     "check_broadcastable",
     "check_positive_int",
     "check_finite",
+    "check_flag",
+    "check_scale",
+    "check_text",
+    "check_alloc",
+    "MAX_ELEMENTS",
     "missing_extra",
 ]
+
+#: The most elements attnlab allocates for one array whose size comes from an
+#: argument (a mask, a position table, a KV cache, generated tokens, a score
+#: matrix): 2**31, i.e. 8 GiB in float32, 2 GiB as bool. Past it a call is refused
+#: by :func:`check_alloc` before any memory is touched, instead of ending in a bare
+#: MemoryError or in minutes of swapping. ``attnlab.attention.MAX_SCORE_ELEMENTS``
+#: is this same limit.
+MAX_ELEMENTS = 2**31
 
 
 class AttnlabError(ValueError):
@@ -77,10 +91,20 @@ def as_float_array(x: Any, name: str, *, allow_nonfinite: bool = False) -> np.nd
 
 
 def as_array(x: Any, name: str, what: str = "an array") -> np.ndarray:
-    """``np.asarray(x)``, with a ragged nested list reported as an AttnlabError naming ``name``."""
+    """``np.asarray(x)``, with a ragged nested list reported as an AttnlabError naming ``name``.
+
+    A torch tensor that requires grad cannot become a NumPy array (NumPy would
+    drop its graph): that is said here, with the two ways out.
+    """
+    if getattr(x, "requires_grad", False) is True and hasattr(x, "detach"):
+        raise AttnlabError(
+            f"{name}: expected a NumPy array, got a {type(x).__name__} that requires grad; "
+            f"pass {name}.detach() to the NumPy core, or use attnlab.torch to keep the gradient"
+        )
     try:
         return np.asarray(x)
-    except (ValueError, TypeError) as exc:  # ragged nested lists
+    except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
+        # ragged nested lists; tensors that NumPy cannot read (another device, meta)
         raise AttnlabError(f"{name}: could not be read as {what} ({exc})") from None
 
 
@@ -126,6 +150,75 @@ def check_broadcastable(
             f"{name}: expected a shape broadcastable to {layout} = {shape_str(target)}, "
             f"got {shape_str(shape)}"
         )
+
+
+def check_flag(value: Any, name: str) -> bool:
+    """``value`` as a Python bool; only ``True``/``False`` (and NumPy's ``np.bool_``) pass.
+
+    Flags are checked, not truth-tested: ``return_weights="no"`` is a mistake to
+    report, not a request for weights.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise AttnlabError(f"{name}: expected True or False, got {value!r}")
+    return bool(value)
+
+
+def check_scale(scale: Any, D: int, name: str = "scale") -> float:
+    """The softmax scale: ``1/√D`` for None (1.0 when D = 0), else a finite real number.
+
+    Python and NumPy numbers are accepted alike (``np.float32(0.5)``); bools,
+    strings, arrays and tensors are refused.
+    """
+    if scale is None:
+        return 1.0 / math.sqrt(D) if D > 0 else 1.0
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(
+        scale, (int, float, np.integer, np.floating)
+    ):
+        raise AttnlabError(f"{name}: expected a real number or None, got {scale!r}")
+    value = float(scale)
+    if not math.isfinite(value):
+        raise AttnlabError(f"{name}: expected a finite number, got {value}")
+    return value
+
+
+def check_text(text: str, name: str) -> str:
+    """Refuse a str that cannot be written as UTF-8 (a lone surrogate, as Python makes
+    from undecodable bytes), before anything is written; returns ``text``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise AttnlabError(
+            f"{name}: expected text that can be written as UTF-8, got {text!r} with the lone "
+            f"surrogate {text[exc.start]!r} at index {exc.start} (undecodable bytes?); "
+            "decode the bytes with errors='replace' first"
+        ) from None
+    return text
+
+
+def check_alloc(shape: Sequence[int], dtype: Any, what: str, name: str) -> None:
+    """Refuse to allocate ``what`` of ``shape`` if it would hold more than MAX_ELEMENTS.
+
+    Call it wherever an argument sets the size of an array, before allocating;
+    ``name`` is the argument to blame. ``dtype`` (a NumPy or torch dtype) only
+    sizes the message.
+
+    >>> check_alloc((10**6, 10**6), bool, "the causal mask (T, S)", "T")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    attnlab.errors.AttnlabError: T: the causal mask (T, S) = (1000000, 1000000) would hold ...
+    """
+    count = math.prod(int(s) for s in shape)
+    if count <= MAX_ELEMENTS:
+        return
+    try:
+        itemsize = np.dtype(dtype).itemsize
+    except TypeError:  # a torch dtype
+        itemsize = int(getattr(dtype, "itemsize", 1))
+    raise AttnlabError(
+        f"{name}: {what} = {shape_str(shape)} would hold {count:,} elements "
+        f"({count * itemsize / 2**30:,.1f} GiB), more than attnlab's limit of "
+        f"{MAX_ELEMENTS:,} (attnlab.errors.MAX_ELEMENTS); use smaller sizes"
+    )
 
 
 def as_bool_mask(mask: Any, name: str = "mask") -> np.ndarray:

@@ -29,7 +29,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from .errors import AttnlabError, check_positive_int
+from .errors import AttnlabError, check_alloc, check_positive_int
 
 __all__ = [
     "INIT_SCHEMES",
@@ -97,7 +97,9 @@ def _check_scheme(scheme: Any) -> str:
 
 
 def _check_fans(fan_in: Any, fan_out: Any) -> tuple[int, int]:
-    return check_positive_int(fan_in, "fan_in"), check_positive_int(fan_out, "fan_out")
+    fans = check_positive_int(fan_in, "fan_in"), check_positive_int(fan_out, "fan_out")
+    check_alloc(fans, np.float64, "the weight (fan_in, fan_out)", "fan_in, fan_out")
+    return fans
 
 
 def xavier_uniform(

@@ -49,7 +49,15 @@ from typing import Any
 import numpy as np
 
 from .attention import _softmax, abs_max, check_score_range
-from .errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
+from .errors import (
+    AttnlabError,
+    ShapeError,
+    as_float_array,
+    check_alloc,
+    check_positive_int,
+    check_scale,
+    shape_str,
+)
 
 __all__ = ["KVCache", "SlidingWindowKVCache"]
 
@@ -128,22 +136,22 @@ class _CacheBase:
         B, Hkv, D = self.batch, self.num_kv_heads, self.head_dim
         q_arr = as_float_array(q, "q")
         if (q_arr.ndim != 4 or q_arr.shape[0] != B or q_arr.shape[2:] != (T, D)
-                or q_arr.shape[1] % Hkv):
+                or q_arr.shape[1] % Hkv or q_arr.shape[1] == 0):
             raise ShapeError(
-                f"q: expected (B, H, T, D) = ({B}, H, {T}, {D}) with H a multiple of "
+                f"q: expected (B, H, T, D) = ({B}, H, {T}, {D}) with H a positive multiple of "
                 f"Hkv = {Hkv} and T matching k, got {shape_str(q_arr.shape)}"
             )
         return self._cast(q_arr, "q")
 
     @staticmethod
     def _check_scale(scale: float | None, D: int) -> float:
-        if scale is None:
-            return 1.0 / float(np.sqrt(D))
-        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)):
-            raise AttnlabError(f"scale: expected a real number or None, got {scale!r}")
-        if not np.isfinite(scale):
-            raise AttnlabError(f"scale: expected a finite number, got {scale}")
-        return float(scale)
+        return check_scale(scale, D)
+
+    def _check_buffer(self, length: int, name: str) -> None:
+        """Refuse key/value buffers of ``length`` positions beyond attnlab's size limit."""
+        for width in (self.head_dim, self.value_head_dim):
+            check_alloc((self.batch, self.num_kv_heads, length, width), self.dtype,
+                        "the cache's buffer (B, Hkv, length, D)", name)
 
 
 def _grouped_attention(
@@ -213,6 +221,7 @@ class KVCache(_CacheBase):
         start = self.max_len if self.max_len is not None else check_positive_int(
             capacity, "capacity"
         )
+        self._check_buffer(start, "max_len" if self.max_len is not None else "capacity")
         self._keys = np.zeros((self.batch, self.num_kv_heads, start, self.head_dim), self.dtype)
         self._values = np.zeros(
             (self.batch, self.num_kv_heads, start, self.value_head_dim), self.dtype
@@ -274,6 +283,7 @@ class KVCache(_CacheBase):
         new_capacity = self.capacity
         while new_capacity < needed:
             new_capacity *= 2
+        self._check_buffer(new_capacity, "k")
         for name in ("_keys", "_values"):
             old = getattr(self, name)
             new = np.zeros((*old.shape[:2], new_capacity, old.shape[3]), self.dtype)
@@ -294,6 +304,8 @@ class KVCache(_CacheBase):
         q_arr = self._check_q(q, T)
         scale_value = self._check_scale(scale, self.head_dim)
         self._check_scores(q_arr, k_arr, scale_value)
+        check_alloc((*q_arr.shape[:3], self._length + T), self.dtype,
+                    "the score matrix (B, H, T, S)", "q")
         self._write(k_arr, v_arr)
         S = self._length
         keys = self._keys[:, :, :S]  # (B, Hkv, S, D)
@@ -354,6 +366,7 @@ class SlidingWindowKVCache(_CacheBase):
         super().__init__(batch, num_kv_heads, head_dim, value_head_dim, dtype)
         self.window = check_positive_int(window, "window")
         W = self.window
+        self._check_buffer(W, "window")
         self._keys = np.zeros((self.batch, self.num_kv_heads, W, self.head_dim), self.dtype)
         self._values = np.zeros((self.batch, self.num_kv_heads, W, self.value_head_dim),
                                 self.dtype)
@@ -415,6 +428,8 @@ class SlidingWindowKVCache(_CacheBase):
         scale_value = self._check_scale(scale, self.head_dim)
         self._check_scores(q_arr, k_arr, scale_value)
         W = self.window
+        check_alloc((*q_arr.shape[:3], W + T), self.dtype, "the score matrix (B, H, T, W + T)",
+                    "q")
         if T == 1:
             # After writing, the W slots hold positions p - W + 1 .. p: exactly the window.
             self._write(k_arr, v_arr)

@@ -27,6 +27,7 @@ from .errors import (
     ShapeError,
     as_array,
     as_bool_mask,
+    check_alloc,
     check_positive_int,
     shape_str,
 )
@@ -58,7 +59,9 @@ def causal_mask(T: int, S: int | None = None) -> np.ndarray:
            [1, 1, 1, 1]])
     """
     T = check_positive_int(T, "T", allow_zero=True)
+    sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
+    check_alloc((T, S), np.bool_, "the causal mask (T, S)", sizes)
     query_pos = np.arange(T)[:, None] + (S - T)  # (T, 1) absolute positions
     key_pos = np.arange(S)[None, :]  # (1, S)
     return key_pos <= query_pos  # (T, S)

@@ -32,6 +32,7 @@ from .errors import (
     as_bool_mask,
     as_float_array,
     check_broadcastable,
+    check_flag,
     check_positive_int,
     shape_str,
 )
@@ -147,7 +148,7 @@ class MultiHeadAttention:
                 raise AttnlabError(
                     f"rope: expected head_dim {D} to match Wq's heads, got {self.rope.head_dim}"
                 )
-        self.alibi = bool(self.alibi)
+        self.alibi = check_flag(self.alibi, "alibi")
         self.bq = _vector(self.bq, "bq", self.Wq.shape[1])
         self.bk = _vector(self.bk, "bk", self.Wk.shape[1])
         self.bv = _vector(self.bv, "bv", self.Wv.shape[1])
@@ -199,6 +200,7 @@ class MultiHeadAttention:
             raise AttnlabError(
                 f"dtype: expected a float dtype (float32, float64), got {float_dtype}"
             )
+        bias, rope = check_flag(bias, "bias"), check_flag(rope, "rope")
         rng = as_rng(seed)
         def zeros(n: int) -> np.ndarray | None:
             return np.zeros(n, dtype=dtype) if bias else None
@@ -307,6 +309,7 @@ class MultiHeadAttention:
                         weights, per-head outputs (per head, one batch item)
             ->          out (B, T, E_out), and per-head weights (B, H, T, S)
         """
+        return_weights = check_flag(return_weights, "return_weights")
         x_arr, ctx, mask = self.prepare_inputs(x, context, mask, key_padding)
         q, k, v = self.project(x_arr, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
         T, S = q.shape[-2], k.shape[-2]

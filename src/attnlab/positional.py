@@ -31,6 +31,8 @@ from .errors import (
     AttnlabError,
     ShapeError,
     as_float_array,
+    check_alloc,
+    check_flag,
     check_ndim,
     check_positive_int,
     shape_str,
@@ -147,6 +149,7 @@ def sinusoidal_encoding(
     d_model = check_positive_int(d_model, "d_model")
     base = _check_base(base)
     out_dtype = _float_dtype(dtype)
+    check_alloc((max_len, d_model), np.float64, "the table (max_len, E)", "max_len, d_model")
     position = np.arange(max_len, dtype=np.float64)[:, None]  # (max_len, 1)
     even_columns = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(E/2),)
     div_term = np.exp(even_columns * -(math.log(base) / d_model))  # (ceil(E/2),)
@@ -218,6 +221,7 @@ class LearnedPositionalEmbedding:
             raise AttnlabError(f"std: expected a number, got {type(std).__name__} {std!r}")
         if not math.isfinite(std) or std < 0:
             raise AttnlabError(f"std: expected a finite number >= 0, got {std}")
+        check_alloc((max_len, d_model), np.float64, "the table (max_len, E)", "max_len, d_model")
         rng = as_rng(seed)
         self.table: np.ndarray = float(std) * rng.standard_normal((max_len, d_model))
 
@@ -307,6 +311,7 @@ def rope_angles(
     """
     head_dim = _check_head_dim(head_dim)
     base = _check_base(base)
+    interleaved = check_flag(interleaved, "interleaved")
     pos = _as_positions(positions, None).astype(np.float64)  # (T,)
     inv_freq = base ** -(np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (D/2,)
     angles = pos[:, None] * inv_freq[None, :]  # (T, D/2)
@@ -390,7 +395,7 @@ class RotaryEmbedding:
     ) -> None:
         self.head_dim = _check_head_dim(head_dim)
         self.base = _check_base(base)
-        self.interleaved = bool(interleaved)
+        self.interleaved = check_flag(interleaved, "interleaved")
 
     def __call__(self, x: Any, positions: Any = None) -> np.ndarray:  # (..., T, D) -> same
         _input_with_width(x, self.head_dim, "(..., T, D)", "D = head_dim")
@@ -425,6 +430,7 @@ def alibi_slopes(num_heads: int) -> np.ndarray:  # -> (H,)
     (12,)
     """
     num_heads = check_positive_int(num_heads, "num_heads")
+    check_alloc((num_heads,), np.float64, "the slopes (H,)", "num_heads")
     closest = 1 << (num_heads.bit_length() - 1)  # largest power of two <= H, exact for any int
     # 2**(-8h/n) in one rounding per slope (base**h would compound it): exact
     # whenever 8h/n is an integer, e.g. all slopes for H <= 8.
@@ -465,8 +471,10 @@ def alibi_bias(
     """
     slopes = alibi_slopes(num_heads)  # (H,)
     T = check_positive_int(T, "T", allow_zero=True)
+    sizes = "num_heads, T" if S is None else "num_heads, T, S"  # to blame for a huge bias
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     out_dtype = _float_dtype(dtype)
+    check_alloc((len(slopes), T, S), np.float64, "the bias (H, T, S)", sizes)
     query_positions = (S - T) + np.arange(T)  # (T,)
     key_positions = np.arange(S)  # (S,)
     distance = np.abs(query_positions[:, None] - key_positions[None, :])  # (T, S)

@@ -30,7 +30,9 @@ from .errors import (
     AttnlabError,
     ShapeError,
     as_bool_mask,
+    check_alloc,
     check_broadcastable,
+    check_flag,
     check_positive_int,
     shape_str,
 )
@@ -74,9 +76,7 @@ def _prepare_key_padding(key_padding: Any, batch: tuple[int, ...], S: int) -> np
 
 
 def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise AttnlabError(f"{name}: expected True or False, got {value!r}")
-    return bool(value)
+    return check_flag(value, name)
 
 
 def _check_positions(positions: Any, name: str, S: int) -> np.ndarray:
@@ -187,11 +187,13 @@ def sliding_window_mask(
            [1, 0, 0, 1, 1]])
     """
     T = check_positive_int(T, "T", allow_zero=True)
+    sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     causal = _check_bool(causal, "causal")
     window = _check_window(window, causal)
     global_pos = _check_positions([] if global_tokens is None else global_tokens,
                                   "global_tokens", S)
+    check_alloc((T, S), np.bool_, "the sliding-window mask (T, S)", sizes)
     query_pos = np.arange(T) + (S - T)  # (T,)
     return _window_rule(query_pos, np.arange(S), window, causal, global_pos)  # (T, S)
 
@@ -331,6 +333,7 @@ def bigbird_layout(
     n_global = check_positive_int(num_global_blocks, "num_global_blocks", allow_zero=True)
     n_random = check_positive_int(num_random_blocks, "num_random_blocks", allow_zero=True)
     seed = check_positive_int(seed, "seed", allow_zero=True)
+    check_alloc((n, n), np.int64, "the block layout (n, n)", "num_blocks")
     offset = np.arange(n)[None, :] - np.arange(n)[:, None]  # (n, n): j - i
     if causal:
         layout = (offset <= 0) & (offset > -local)
@@ -443,9 +446,11 @@ def block_sparse_mask(
            [0, 0, 0, 0, 1]])
     """
     T = check_positive_int(T, "T", allow_zero=True)
+    sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     block_size = check_positive_int(block_size, "block_size")
     causal = _check_bool(causal, "causal")
+    check_alloc((T, S), np.bool_, "the block-sparse mask (T, S)", sizes)
     grid = _resolve_layout(T, S, block_size, layout, num_local_blocks, num_global_blocks,
                            num_random_blocks, seed, causal)
     return _block_rule(grid, block_size, np.arange(T), np.arange(S), S - T, causal)  # (T, S)

@@ -15,14 +15,17 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
+from .. import errors
 from ..errors import AttnlabError, ShapeError, shape_str
 
 __all__ = [
     "as_float_tensor",
     "as_bool_tensor",
     "check_finite",
+    "check_has_data",
     "check_bias_values",
     "check_same_device",
     "check_probability",
@@ -34,6 +37,7 @@ __all__ = [
 ]
 
 _HALF = (torch.float16, torch.bfloat16)
+_REAL = (int, float, np.integer, np.floating)  # Python and NumPy numbers, as in the core
 
 
 def as_float_tensor(x: Any, name: str) -> torch.Tensor:
@@ -74,8 +78,20 @@ def as_bool_tensor(mask: Any, name: str = "mask") -> torch.Tensor:
     return mask
 
 
+def check_has_data(named: Sequence[tuple[str, torch.Tensor]]) -> None:
+    """Refuse tensors on the "meta" device: they have a shape but no values to check or use."""
+    for name, t in named:
+        if t.device.type == "meta":
+            raise AttnlabError(
+                f"{name}: expected a tensor holding values (attnlab checks them for NaN and "
+                "overflow), got one on the meta device, which holds none; move the "
+                "module or tensor to a real device first (e.g. .to_empty(device='cpu'))"
+            )
+
+
 def check_finite(named: Sequence[tuple[str, torch.Tensor]]) -> None:
     """Raise if any tensor holds NaN or +-Inf, naming it, the count and the first index."""
+    check_has_data(named)
     tensors = [t for _, t in named if t.numel()]
     if not tensors:
         return
@@ -101,6 +117,7 @@ def check_finite(named: Sequence[tuple[str, torch.Tensor]]) -> None:
 
 def check_bias_values(bias: torch.Tensor, name: str = "bias") -> None:
     """A bias may hold -inf (a block) but never NaN or +inf."""
+    check_has_data([(name, bias)])
     if bias.numel() and bool((torch.isnan(bias) | torch.isposinf(bias)).any()):
         raise AttnlabError(f"{name}: expected finite values or -inf, got NaN or +inf")
 
@@ -115,13 +132,13 @@ def check_same_device(reference: torch.Tensor, ref_name: str, x: torch.Tensor, n
 
 def check_probability(p: Any, name: str) -> float:
     """A dropout probability in [0, 1)."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, _REAL) or not 0.0 <= p < 1.0:
         raise AttnlabError(f"{name}: expected a probability in [0, 1), got {p!r}")
     return float(p)
 
 
 def check_positive_float(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, _REAL):
         raise AttnlabError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise AttnlabError(f"{name}: expected a finite number > 0, got {value}")
@@ -171,6 +188,5 @@ def check_module_dtype(dtype: Any) -> Any:
 
 
 def check_flag(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise AttnlabError(f"{name}: expected True or False, got {value!r}")
-    return value
+    """True or False (NumPy's ``np.bool_`` too, as in the core); anything else is refused."""
+    return errors.check_flag(value, name)

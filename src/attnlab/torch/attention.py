@@ -30,20 +30,29 @@ it equal the plain one:
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal, overload
 
 import torch
 import torch.nn.functional as F
 
 from ..attention import MAX_SCORE_ELEMENTS, check_axis, check_score_range
-from ..errors import AttnlabError, ShapeError, check_broadcastable, check_positive_int, shape_str
+from ..errors import (
+    AttnlabError,
+    ShapeError,
+    check_alloc,
+    check_broadcastable,
+    check_flag,
+    check_positive_int,
+    check_scale,
+    shape_str,
+)
 from ._checks import (
     as_bool_tensor,
     as_float_tensor,
     broadcast_batch,
     check_bias_values,
     check_finite,
+    check_has_data,
     check_probability,
     check_same_device,
     compute_dtype,
@@ -64,7 +73,9 @@ def causal_mask(T: int, S: int | None = None, *, device: Any = None) -> torch.Te
             [1, 1, 1, 1]], dtype=torch.int32)
     """
     T = check_positive_int(T, "T", allow_zero=True)
+    sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
+    check_alloc((T, S), torch.bool, "the causal mask (T, S)", sizes)
     query_pos = torch.arange(T, device=device)[:, None] + (S - T)  # (T, 1) absolute positions
     key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
     return key_pos <= query_pos  # (T, S)
@@ -85,6 +96,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:  # (...) -> (...)
     if arr.ndim == 0:
         raise ShapeError("x: expected at least 1 dimension, got a scalar")
     dim = check_axis(dim, arr.ndim, "dim")
+    check_has_data([("x", arr)])
     if bool((torch.isnan(arr) | torch.isposinf(arr)).any()):
         raise AttnlabError("x: expected finite values or -inf, got NaN or +inf")
     return _softmax(arr, dim)
@@ -165,13 +177,14 @@ def scaled_dot_product_attention(
     tensor([[1.0000, 0.0000],
             [0.3300, 0.6700]], dtype=torch.float64)
     """
+    return_weights = check_flag(return_weights, "return_weights")
     q_t, k_t, v_t, allowed, bias_t, scale_value = _prepare(
         q, k, v, mask, bias, is_causal, scale, return_weights
     )
     p = check_probability(dropout_p, "dropout_p")
     return attend(
         q_t, k_t, v_t, allowed, bias_t, scale_value,
-        is_causal=bool(is_causal), dropout_p=p, return_weights=return_weights,
+        is_causal=check_flag(is_causal, "is_causal"), dropout_p=p, return_weights=return_weights,
     )
 
 
@@ -205,16 +218,8 @@ def _prepare(
     if return_weights or not _fused_ok(q_t, k_t, v_t, score_shape):
         check_score_size(score_shape)
 
-    if scale is None:
-        scale_value = 1.0 / math.sqrt(D) if D > 0 else 1.0
-    else:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise AttnlabError(f"scale: expected a real number or None, got {scale!r}")
-        scale_value = float(scale)
-        if scale_value in (float("inf"), float("-inf")) or scale_value != scale_value:
-            raise AttnlabError(f"scale: expected a finite number, got {scale_value}")
-    if not isinstance(is_causal, bool):
-        raise AttnlabError(f"is_causal: expected True or False, got {is_causal!r}")
+    scale_value = check_scale(scale, D)
+    check_flag(is_causal, "is_causal")
 
     allowed: torch.Tensor | None = None
     if mask is not None:

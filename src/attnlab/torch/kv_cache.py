@@ -24,12 +24,18 @@ flow to the queries of the current call only). Use the full forward to train.
 
 from __future__ import annotations
 
-import math
 from typing import Any, cast
 
 import torch
 
-from ..errors import AttnlabError, ShapeError, check_positive_int, shape_str
+from ..errors import (
+    AttnlabError,
+    ShapeError,
+    check_alloc,
+    check_positive_int,
+    check_scale,
+    shape_str,
+)
 from ._checks import as_float_tensor, check_finite
 from .attention import attend
 
@@ -50,8 +56,10 @@ def sliding_window_mask(
             [0, 1, 1]], dtype=torch.int32)
     """
     T = check_positive_int(T, "T", allow_zero=True)
+    sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     W = check_positive_int(window, "window")
+    check_alloc((T, S), torch.bool, "the sliding-window mask (T, S)", sizes)
     query_pos = torch.arange(T, device=device)[:, None] + (S - T)  # (T, 1)
     key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
     return (key_pos <= query_pos) & (key_pos > query_pos - W)  # (T, S)
@@ -139,9 +147,9 @@ class _CacheBase:
         B, Hkv, D = self.batch, self.num_kv_heads, self.head_dim
         q_t = as_float_tensor(q, "q")
         if (q_t.ndim != 4 or q_t.shape[0] != B or tuple(q_t.shape[2:]) != (T, D)
-                or q_t.shape[1] % Hkv):
+                or q_t.shape[1] % Hkv or q_t.shape[1] == 0):
             raise ShapeError(
-                f"q: expected (B, H, T, D) = ({B}, H, {T}, {D}) with H a multiple of "
+                f"q: expected (B, H, T, D) = ({B}, H, {T}, {D}) with H a positive multiple of "
                 f"Hkv = {Hkv} and T matching k, got {shape_str(q_t.shape)}"
             )
         if q_t.device != self.device:
@@ -153,13 +161,13 @@ class _CacheBase:
 
     @staticmethod
     def _check_scale(scale: float | None, D: int) -> float:
-        if scale is None:
-            return 1.0 / math.sqrt(D)
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise AttnlabError(f"scale: expected a real number or None, got {scale!r}")
-        if not math.isfinite(scale):
-            raise AttnlabError(f"scale: expected a finite number, got {scale}")
-        return float(scale)
+        return check_scale(scale, D)
+
+    def _check_buffer(self, length: int, name: str) -> None:
+        """Refuse key/value buffers of ``length`` positions beyond attnlab's size limit."""
+        for width in (self.head_dim, self.value_head_dim):
+            check_alloc((self.batch, self.num_kv_heads, length, width), self.dtype,
+                        "the cache's buffer (B, Hkv, length, D)", name)
 
     def _zeros(self, length: int, width: int) -> torch.Tensor:  # -> (B, Hkv, length, width)
         return torch.zeros(self.batch, self.num_kv_heads, length, width,
@@ -216,6 +224,7 @@ class KVCache(_CacheBase):
         start = self.max_len if self.max_len is not None else check_positive_int(
             capacity, "capacity"
         )
+        self._check_buffer(start, "max_len" if self.max_len is not None else "capacity")
         self._keys = self._zeros(start, self.head_dim)  # (B, Hkv, capacity, D)
         self._values = self._zeros(start, self.value_head_dim)  # (B, Hkv, capacity, Dv)
 
@@ -261,6 +270,7 @@ class KVCache(_CacheBase):
             new_capacity = self.capacity
             while new_capacity < needed:
                 new_capacity *= 2
+            self._check_buffer(new_capacity, "k")
             keys, values = self._zeros(new_capacity, self.head_dim), self._zeros(
                 new_capacity, self.value_head_dim)
             keys[:, :, : self._length] = self._keys[:, :, : self._length]
@@ -280,6 +290,7 @@ class KVCache(_CacheBase):
         T = k_t.shape[2]
         q_t = self._check_q(q, T)
         scale_value = self._check_scale(scale, self.head_dim)
+        check_alloc((T, self._length + T), torch.bool, "the causal mask (T, S)", "q")
         self._write(k_t, v_t)
         S = self._length
         allowed = None
@@ -324,6 +335,7 @@ class SlidingWindowKVCache(_CacheBase):
     ) -> None:
         super().__init__(batch, num_kv_heads, head_dim, value_head_dim, dtype, device)
         self.window = check_positive_int(window, "window")
+        self._check_buffer(self.window, "window")
         self._keys = self._zeros(self.window, self.head_dim)  # (B, Hkv, W, D)
         self._values = self._zeros(self.window, self.value_head_dim)  # (B, Hkv, W, Dv)
         self._slot_pos = torch.full((self.window,), -1, dtype=torch.int64,

@@ -17,11 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import AttnlabError, ShapeError, check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError, check_alloc, check_positive_int, shape_str
 from ..positional import SinusoidalPositionalEncoding
 from ._checks import (
     as_float_tensor,
     check_finite,
+    check_flag,
+    check_has_data,
     check_positive_float,
     check_probability,
     check_same_device,
@@ -67,6 +69,7 @@ def sinusoidal_encoding(
     d_model = check_positive_int(d_model, "d_model")
     base = check_positive_float(base, "base")
     out_dtype = _float_dtype(dtype)
+    check_alloc((max_len, d_model), torch.float64, "the table (max_len, E)", "max_len, d_model")
     f64 = {"dtype": torch.float64, "device": device}
     position = torch.arange(max_len, **f64)[:, None]  # (max_len, 1)
     even_columns = torch.arange(0, d_model, 2, **f64)  # (ceil(E/2),)
@@ -185,6 +188,7 @@ def _as_positions(positions: Any, length: int | None, device: Any) -> torch.Tens
     expected = "(T,)" if length is None else f"(T,) = ({length},)"
     if pos.ndim != 1 or (length is not None and pos.shape[0] != length):
         raise ShapeError(f"positions: expected shape {expected}, got {shape_str(pos.shape)}")
+    check_has_data([("positions", pos)])
     if pos.numel() and int(pos.min()) < 0:
         raise AttnlabError(f"positions: expected positions >= 0, got min {int(pos.min())}")
     return pos.to(device=device, dtype=torch.int64)
@@ -207,6 +211,7 @@ def rope_angles(
     """
     head_dim = _check_head_dim(head_dim)
     base = check_positive_float(base, "base")
+    interleaved = check_flag(interleaved, "interleaved")
     pos = _as_positions(positions, None, device)
     return _angles(pos, head_dim, base, interleaved)
 
@@ -259,7 +264,7 @@ def apply_rope(
     base = check_positive_float(base, "base")
     pos = _as_positions(positions, length, arr.device)  # (T,)
     check_finite([("x", arr)])
-    return rotate(arr, pos, base=base, interleaved=bool(interleaved))
+    return rotate(arr, pos, base=base, interleaved=check_flag(interleaved, "interleaved"))
 
 
 def rotate(
@@ -288,6 +293,7 @@ def alibi_slopes(num_heads: int, *, device: Any = None) -> torch.Tensor:  # -> (
     [0.25, 0.0625, 0.015625, 0.00390625]
     """
     num_heads = check_positive_int(num_heads, "num_heads")
+    check_alloc((num_heads,), torch.float64, "the slopes (H,)", "num_heads")
     f64 = {"dtype": torch.float64, "device": device}
     closest = 1 << (num_heads.bit_length() - 1)  # largest power of two <= H
     slopes = (2.0 ** (-8.0 / closest)) ** torch.arange(1, closest + 1, **f64)  # (closest,)
@@ -316,8 +322,10 @@ def alibi_bias(
     """
     slopes = alibi_slopes(num_heads, device=device)  # (H,)
     T = check_positive_int(T, "T", allow_zero=True)
+    sizes = "num_heads, T" if S is None else "num_heads, T, S"  # to blame for a huge bias
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     out_dtype = _float_dtype(dtype)
+    check_alloc((len(slopes), T, S), torch.float64, "the bias (H, T, S)", sizes)
     query_positions = (S - T) + torch.arange(T, device=device)  # (T,)
     key_positions = torch.arange(S, device=device)  # (S,)
     distance = (query_positions[:, None] - key_positions[None, :]).abs()  # (T, S)
