@@ -289,3 +289,70 @@ def test_a_kv_cache_refuses_to_grow_past_the_limit(twin, monkeypatch):
                                            r"\(1, 2, 200, 4\) would hold 1,600 elements"):
         cache.append(make((1, 2, 1, 4)), make((1, 2, 1, 4)))
     assert cache.length == 100
+
+
+# ---------------------------------------------------------------- G. traces, views, files
+
+
+@pytest.mark.parametrize("precision", [-1, 1.5, True, 18, "4"])
+def test_trace_text_refuses_a_bad_precision(precision):
+    trace = attnlab.explain()
+    for render in (trace.to_text, trace.to_markdown):
+        with pytest.raises(AttnlabError, match=r"^precision: expected an integer number of "
+                                               r"decimals in 0\.\.17, got "):
+            render("en", precision=precision)
+
+
+def test_trace_text_takes_the_extreme_precisions():
+    trace = attnlab.explain()
+    assert "0.6652" not in trace.to_text(precision=0)
+    assert trace.to_text(precision=np.int64(17)).count(".") > 10
+
+
+def test_attention_view_reads_a_generator_of_tokens_once():
+    from attnlab.viewer import AttentionView
+
+    weights = np.full((1, 2, 3, 3), 1 / 3)
+    view = AttentionView(weights, (t for t in ["a", "b", "c"]),
+                         key_tokens=(t for t in ["x", "y", "z"]))
+    assert '"tokens":["a","b","c"]' in view.html and '"key_tokens":["x","y","z"]' in view.html
+
+
+LONE = r"expected text that can be written as UTF-8, got .* with the lone surrogate"
+
+
+def test_a_lone_surrogate_token_is_named_before_anything_is_written(tmp_path):
+    from attnlab.viewer import AttentionView
+
+    trace = attnlab.explain()
+    trace.tokens = ["a", "caf\udce9", "c"]  # what undecodable bytes become in a str
+    with pytest.raises(AttnlabError, match=rf"^tokens\[1\]: {LONE} '\\udce9' at index 3"):
+        trace.save(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(AttnlabError, match=rf"^tokens\[1\]: {LONE}"):
+        attnlab.explain(tokens=["a", "caf\udce9"])
+    with pytest.raises(AttnlabError, match=rf"^tokens\[0\]: {LONE}"):
+        AttentionView(np.full((1, 1, 2, 2), 0.5), ["\ud800", "b"])
+    with pytest.raises(AttnlabError, match=rf"^title: {LONE}"):
+        AttentionView(np.full((1, 1, 2, 2), 0.5), ["a", "b"], title="\udcff")
+
+
+def test_saving_under_a_regular_file_names_the_file(tmp_path):
+    from attnlab.viewer import AttentionView
+    from attnlab.viz import plot_attention, save_figure
+
+    (tmp_path / "file").write_text("")
+    trace = attnlab.explain()
+    with pytest.raises(AttnlabError, match=r"^out_dir: cannot create the folder .*file/sub'?: "
+                                           r".*file'? is a file$"):
+        trace.save(tmp_path / "file" / "sub")
+    with pytest.raises(AttnlabError, match=r"^out_dir: expected a folder, got .*file'?, "
+                                           r"which is a file$"):
+        trace.save(tmp_path / "file")
+    view = AttentionView(np.full((1, 1, 2, 2), 0.5), ["a", "b"])
+    with pytest.raises(AttnlabError, match=r"^path: cannot create the folder .*: .* is a file$"):
+        view.save(tmp_path / "file" / "sub" / "view.html")
+    with pytest.raises(AttnlabError, match=r"^path: cannot write .* \(Is a directory\)$"):
+        view.save(tmp_path)
+    with pytest.raises(AttnlabError, match=r"^path: expected a folder, got .*file'?, which is"):
+        save_figure(plot_attention(np.eye(2)), tmp_path / "file" / "a.png")

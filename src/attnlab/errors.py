@@ -12,7 +12,9 @@ S key length, D head dim, Dv value dim, E model width.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,7 @@ __all__ = [
     "check_scale",
     "check_text",
     "check_alloc",
+    "make_folder",
     "MAX_ELEMENTS",
     "missing_extra",
 ]
@@ -219,6 +222,27 @@ def check_alloc(shape: Sequence[int], dtype: Any, what: str, name: str) -> None:
         f"({count * itemsize / 2**30:,.1f} GiB), more than attnlab's limit of "
         f"{MAX_ELEMENTS:,} (attnlab.errors.MAX_ELEMENTS); use smaller sizes"
     )
+
+
+def make_folder(path: str | os.PathLike[str], name: str) -> Path:
+    """Create the folder ``path`` and its parents, or raise naming the argument ``name``.
+
+    A path through a regular file, an existing file or a folder that cannot be
+    made (no permission, /proc) is reported in one line instead of a bare OSError.
+    """
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise AttnlabError(f"{name}: expected a folder, got {os.fspath(path)!r}, which is a file")
+    blocking = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise AttnlabError(f"{name}: cannot create the folder {os.fspath(path)!r}: "
+                           f"{os.fspath(blocking)!r} is a file")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AttnlabError(f"{name}: cannot create the folder {os.fspath(path)!r} "
+                           f"({exc.strerror or exc})") from None
+    return folder
 
 
 def as_bool_mask(mask: Any, name: str = "mask") -> np.ndarray:

@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 
 from .attention import _prepare, _softmax
-from .errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
+from .errors import (
+    AttnlabError,
+    ShapeError,
+    as_float_array,
+    check_positive_int,
+    check_text,
+    shape_str,
+)
 from .init import as_rng, init_weight
 from .trace import Step, Trace
 
@@ -60,7 +67,7 @@ def _check_tokens(tokens: Any) -> list[str]:
             "split it first, e.g. text.split()"
         )
     try:
-        return [str(t) for t in tokens]
+        return [check_text(str(t), f"tokens[{i}]") for i, t in enumerate(tokens)]
     except TypeError:
         raise AttnlabError(
             f"tokens: expected a list of tokens, got {type(tokens).__name__}"

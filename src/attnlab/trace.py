@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .errors import AttnlabError, ShapeError, shape_str
+from .errors import AttnlabError, ShapeError, check_text, make_folder, shape_str
 
 __all__ = ["Step", "Trace", "Recorder", "STEP_TEXT"]
 
@@ -266,6 +266,7 @@ class Trace:
         token gives its largest weight.
         """
         _check_lang(lang)
+        precision = _check_precision(precision)
         words = _LABELS[lang]
         lines = [f"== {words['trace']} ==",
                  f"{words['tokens']}{words['colon']}" + " | ".join(self.tokens)]
@@ -289,6 +290,7 @@ class Trace:
         """The trace as a Markdown document: one section and one table per step, then
         the same summary as :meth:`to_text`."""
         _check_lang(lang)
+        precision = _check_precision(precision)
         words = _LABELS[lang]
         out = [f"# {words['trace']}", "", f"**{words['tokens']}**{words['colon']}" + " · ".join(
             _md_escape(t) for t in self.tokens)]
@@ -352,8 +354,11 @@ class Trace:
         """Write heatmap.png, heatmap.svg, trace.json and trace.md into ``out_dir``."""
         from . import viz
 
-        folder = Path(out_dir)
-        folder.mkdir(parents=True, exist_ok=True)
+        _check_lang(lang)
+        for name, labels in (("tokens", self.tokens), ("key_tokens", self.key_tokens or [])):
+            for i, token in enumerate(labels):
+                check_text(str(token), f"{name}[{i}]")
+        folder = make_folder(out_dir, "out_dir")
         written = [folder / "trace.json", folder / "trace.md"]
         written[0].write_text(self.to_json() + "\n", encoding="utf-8")
         written[1].write_text(self.to_markdown(lang), encoding="utf-8")
@@ -428,6 +433,20 @@ class Recorder:
                 self.steps.append(
                     Step(key, np.array(item[h]), formula, head=h, layer=self.layer)
                 )
+
+
+#: Decimals printed at most: float64 holds about 17 significant digits.
+MAX_PRECISION = 17
+
+
+def _check_precision(precision: Any) -> int:
+    if isinstance(precision, (bool, np.bool_)) or not isinstance(precision, (int, np.integer)) \
+            or not 0 <= precision <= MAX_PRECISION:
+        raise AttnlabError(
+            f"precision: expected an integer number of decimals in 0..{MAX_PRECISION}, "
+            f"got {precision!r}"
+        )
+    return int(precision)
 
 
 def _check_lang(lang: str) -> None:

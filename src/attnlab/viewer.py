@@ -61,7 +61,7 @@ from .diagnostics import (
     diagnose,
     trace_weights,
 )
-from .errors import AttnlabError, ShapeError, shape_str
+from .errors import AttnlabError, ShapeError, check_text, make_folder, shape_str
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -556,6 +556,8 @@ def render_html(
         raise AttnlabError(f"lang: expected 'en' or 'zh', got {lang!r}")
     if title is not None and not isinstance(title, str):
         raise AttnlabError(f"title: expected a str or None, got {type(title).__name__}")
+    if title is not None:
+        check_text(title, "title")
     w = _check_weights(weights)  # (L, H, T, S)
     L, H, T, S = w.shape
     query_labels = _labels(tokens, "tokens", T, "T")
@@ -632,6 +634,9 @@ class AttentionView:
         title: str | None = None,
         lang: Lang = "en",
     ) -> None:
+        # Read the labels once: a generator would be empty the second time.
+        tokens = _as_list(tokens, "tokens")
+        key_tokens = None if key_tokens is None else _as_list(key_tokens, "key_tokens")
         self.html = render_html(weights, tokens, key_tokens=key_tokens,
                                 diagnostics=diagnostics, title=title, lang=lang)
         self.title = title
@@ -652,9 +657,15 @@ class AttentionView:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the page (UTF-8) to ``path``, creating its folder; returns the path."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise AttnlabError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(self.html, encoding="utf-8")
+        make_folder(target.parent, "path")
+        try:
+            target.write_text(self.html, encoding="utf-8")
+        except OSError as exc:
+            raise AttnlabError(f"path: cannot write {os.fspath(path)!r} "
+                               f"({exc.strerror or exc})") from None
         return target
 
     def _repr_html_(self) -> str:
@@ -670,12 +681,19 @@ class AttentionView:
         )
 
 
+def _as_list(tokens: Any, name: str) -> Any:
+    """A one-pass iterable of labels (a generator) as a list; anything else as it is."""
+    if tokens is None or isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
+        return tokens  # refused with the expected size by _labels
+    return list(tokens)
+
+
 def _labels(tokens: Any, name: str, size: int, dim: str) -> list[str]:
-    if tokens is None or isinstance(tokens, (str, bytes)):
+    if tokens is None or isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
         raise AttnlabError(
             f"{name}: expected a list of {size} token strings ({dim} = {size}), got {tokens!r}"
         )
-    items = [str(t) for t in tokens]
+    items = [check_text(str(t), f"{name}[{i}]") for i, t in enumerate(tokens)]
     if len(items) != size:
         raise AttnlabError(f"{name}: expected {size} labels ({dim} = {size}), got {len(items)}")
     return items

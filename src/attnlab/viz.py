@@ -49,6 +49,8 @@ from .errors import (
     ShapeError,
     as_float_array,
     check_positive_int,
+    check_text,
+    make_folder,
     shape_str,
 )
 from .fonts import (
@@ -94,7 +96,7 @@ def _check_labels(labels: Any, name: str, size: int, dim: str, default: list[str
             f"{labels!r}; wrap words in a list, e.g. [{labels!r}]"
         )
     try:
-        items = [str(label) for label in labels]
+        items = [check_text(str(label), f"{name}[{i}]") for i, label in enumerate(labels)]
     except TypeError:
         raise AttnlabError(
             f"{name}: expected a sequence of {size} labels ({dim}), got {type(labels).__name__}"
@@ -119,7 +121,7 @@ def _check_lang(lang: Any) -> str:
 def _check_title(title: Any, name: str = "title") -> str | None:
     if title is not None and not isinstance(title, str):
         raise AttnlabError(f"{name}: expected a str or None, got {type(title).__name__}")
-    return title
+    return None if title is None else check_text(title, name)
 
 
 def _check_limit(value: Any, name: str) -> float | None:
@@ -483,7 +485,7 @@ def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: float = 150) 
         raise AttnlabError(f"dpi: expected a positive number, got {dpi!r}")
     import matplotlib
 
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(target.parent, "path")
     metadata = {"Date": None} if suffix == ".svg" else None
     with font_context(), matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "attnlab"}):
         with warnings.catch_warnings():
@@ -491,5 +493,9 @@ def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: float = 150) 
             # box; matplotlib would also print two lines of warning per glyph and figure.
             warnings.filterwarnings("ignore", message="Glyph .* missing from font",
                                     category=UserWarning)
-            fig.savefig(target, format=suffix[1:], dpi=float(dpi), metadata=metadata)
+            try:
+                fig.savefig(target, format=suffix[1:], dpi=float(dpi), metadata=metadata)
+            except OSError as exc:  # the name is a folder, no permission, disk full
+                raise AttnlabError(f"path: cannot write {os.fspath(path)!r} "
+                                   f"({exc.strerror or exc})") from None
     return target
