@@ -29,10 +29,11 @@ import numpy as np
 from .errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
 from .init import as_rng, init_weight
 from .multihead import MultiHeadAttention, linear
-from .special import erf
+from .special import gelu_erf
 from .trace import Recorder
 
-__all__ = ["LayerNorm", "Dropout", "FeedForward", "SelfAttentionLayer", "EncoderBlock", "gelu"]
+__all__ = ["LayerNorm", "Dropout", "FeedForward", "SelfAttentionLayer", "EncoderBlock", "gelu",
+           "layer_norm_stats", "layer_norm_inplace"]
 
 NormPlacement = Literal["post", "pre"]
 
@@ -97,6 +98,26 @@ def layer_norm_stats(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray,
     return centred, np.sqrt(var + eps), m
 
 
+def layer_norm_inplace(
+    x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float
+) -> np.ndarray:
+    """LayerNorm over the last axis, written into ``x`` itself; returns ``x``.
+
+    Shapes: x (..., E), gamma (E,), beta (E,) -> x. An unchecked kernel for a
+    loop that owns its buffers (the checked public op is :class:`LayerNorm`);
+    it performs the same operations as ``LayerNorm.__call__``, in the same order,
+    without a new output array::
+
+        centred, std, _ = layer_norm_stats(x, eps)
+        x[...] = centred / std * gamma + beta
+    """
+    centred, std, _ = layer_norm_stats(x, eps)  # (..., E), (..., 1)
+    np.divide(centred, std, out=x)
+    x *= gamma
+    x += beta
+    return x
+
+
 class Dropout:
     """Inverted dropout: zero each element with probability p, scale the rest by 1/(1-p).
 
@@ -124,8 +145,7 @@ def gelu(x: np.ndarray, approximate: Literal["none", "tanh"] = "none") -> np.nda
         raise AttnlabError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
     if approximate == "tanh":
         return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-    half = np.asarray(0.5, dtype=x.dtype)
-    return half * x * (1.0 + erf(x * np.asarray(1.0 / math.sqrt(2.0), dtype=x.dtype)))
+    return gelu_erf(x)  # x/2 · (1 + erf(x/√2)), float32 in cache-sized chunks
 
 
 _ACTIVATIONS = {

@@ -352,14 +352,22 @@ class MultiHeadAttention:
         recorder.add("projected", out, "out = concat(heads)·Wo + bo")
 
 
-def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+def linear(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, *, out: np.ndarray | None = None
+) -> np.ndarray:
     """x @ w + b over the last dim: (..., in) -> (..., out).
 
     The leading dims are flattened first: NumPy's matmul of a stack (B, T, in)
     by a matrix runs B small products, one (T, in) @ (in, out) product is
-    ~1.5x faster.
+    ~1.5x faster. ``out`` (C-contiguous, shape (..., out)) receives the result
+    instead of a new array, so that a loop over layers can reuse its buffers.
     """
-    y = (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[1])  # (..., out)
+    rows = x.reshape(-1, x.shape[-1])  # (N, in)
+    if out is None:
+        y = (rows @ w).reshape(*x.shape[:-1], w.shape[1])  # (..., out)
+    else:
+        y = out
+        np.matmul(rows, w, out=out.reshape(rows.shape[0], w.shape[1]))  # (N, out)
     if b is not None:
         y += b
     return y
