@@ -172,6 +172,40 @@ def test_padded_batch_attention_matches_transformers(model, hf_model, hf_tokeniz
     assert (first[..., ~keep[0]] == 0).all()  # padding keys get exactly zero weight
 
 
+def plain_forward(model: BertModel, ids: np.ndarray, real: np.ndarray) -> np.ndarray:
+    """The encoder blocks called one by one: the plain twin of forward's fused path."""
+    x = model.embed(ids)  # (B, T, E)
+    mask = real.astype(bool)[:, None, None, :]  # (B, 1, 1, T)
+    for layer in model.layers:
+        x = layer(x, mask)  # (B, T, E)
+    return x
+
+
+def test_fused_forward_equals_the_blocks(model):
+    # The fused path runs the blocks' float32 operations in the same order, into
+    # reused buffers: equal here bit for bit; 1e-6 (a few ulps of the O(1) post-LN
+    # states) leaves room for a BLAS that blocks a strided output differently.
+    ids, real, _ = model.tokenize(TEXTS[:12])  # padded batch
+    np.testing.assert_allclose(model.forward(ids, real), plain_forward(model, ids, real),
+                               rtol=0, atol=1e-6)
+    ids, real, _ = model.tokenize(["The cat sat on the mat.", "The dog sat on the log."])
+    assert real.all()  # no padding: no mask on either path
+    np.testing.assert_allclose(model.forward(ids, real), plain_forward(model, ids, real),
+                               rtol=0, atol=1e-6)
+
+
+def test_fused_forward_on_any_bert_and_its_fallback(tiny_dir):
+    model = load_bert(tiny_dir)
+    ids, real, _ = model.tokenize(["小明去了学校", "hi", "a longer sentence to pad the rest"])
+    real[1] = 0  # nothing to attend to: the plain path gives that row's attention zeros
+    np.testing.assert_allclose(model.forward(ids, real), plain_forward(model, ids, real),
+                               rtol=0, atol=1e-6)  # float32, same operations (see above)
+    # A block the fused path does not implement (pre-LN) runs as itself, not fused.
+    model.layers[1].norm = "pre"
+    np.testing.assert_allclose(model.forward(ids, real), plain_forward(model, ids, real),
+                               rtol=0, atol=1e-6)
+
+
 def test_run_trace_keeps_what_was_asked(model):
     trace = model.run("小明去了学校", keep=("Q", "weights"), layers=[0, 5], heads=[3])
     assert {s.key for s in trace} == {"Q", "weights"}

@@ -18,6 +18,7 @@ F intermediate width, V vocabulary.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError, ShapeError, missing_extra, shape_str
-from ..layers import EncoderBlock, FeedForward, LayerNorm
-from ..multihead import MultiHeadAttention
+from ..layers import EncoderBlock, FeedForward, LayerNorm, layer_norm_inplace
+from ..multihead import MultiHeadAttention, linear
+from ..special import gelu_erf
 from ..trace import Recorder, Trace
 
 __all__ = ["BertConfig", "BertModel", "load_bert", "ModelFileError", "REQUIRED_FILES"]
@@ -246,6 +248,8 @@ class BertModel:
         # (B, 1, 1, T): True = a real key, may be attended; no padding needs no mask.
         mask = None if real.all() else real[:, None, None, :]
         x = self.embed(ids, token_type_ids)  # (B, T, E)
+        if recorder is None and all(_fusable(layer) for layer in self.layers):
+            return fused_encoder(self.layers, x, mask)  # (B, T, E)
         for i, layer in enumerate(self.layers):
             if recorder is not None:
                 recorder.layer = i
@@ -310,6 +314,87 @@ class BertModel:
         """Attention weights of every layer and head (L, H, T, T), and the tokens."""
         trace = self.run(text)
         return trace.attention(), trace.tokens
+
+
+def _fusable(block: EncoderBlock) -> bool:
+    """Whether :func:`fused_encoder` computes exactly this block (as BertModel builds them)."""
+    attn, ffn = block.attn, block.ffn
+    arrays = (attn.Wq, attn.Wk, attn.Wv, attn.Wo, attn.bq, attn.bk, attn.bv, attn.bo,
+              ffn.W1, ffn.b1, ffn.W2, ffn.b2,
+              block.norm1.gamma, block.norm1.beta, block.norm2.gamma, block.norm2.beta)
+    return (type(block) is EncoderBlock and block.norm == "post"
+            and not (block.dropout.training and block.dropout.p > 0)
+            and attn.rope is None and not attn.alibi and attn.num_kv_heads == attn.num_heads
+            and attn.head_dim == attn.value_head_dim and ffn.activation == "gelu"
+            and all(a is not None and a.dtype == np.float32 for a in arrays))
+
+
+def fused_encoder(blocks: list[EncoderBlock], x: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """Post-LN BERT blocks with exact GELU on float32 x, in buffers reused by every block.
+
+    Shapes: x (B, T, E) float32, mask bool (B, 1, 1, T) with True = a real key
+    (may be attended), or None -> (B, T, E). Efficient implementation equivalent
+    to the following (and tested against it), for blocks that :func:`_fusable`
+    accepts::
+
+        for block in blocks:
+            x = block(x, mask)   # LN2(h + FFN(h)), h = LN1(x + MHA(x, mask))
+
+    The same operations in the same order; what changes is where results go:
+    one set of (B·T, E), (B·T, F) and (B, H, T, T) buffers for the whole stack
+    instead of fresh arrays for every intermediate of every block (a fresh
+    multi-megabyte array costs a page fault per 4 KiB the first time it is
+    written), bias and GELU applied in place, and no re-validation of
+    already-checked arrays between blocks.
+    """
+    B, T, E = x.shape
+    H = blocks[0].attn.num_heads
+    D = E // H
+    F = blocks[0].ffn.W1.shape[1]
+    scale = np.float32(1.0 / math.sqrt(D))  # as scaled_dot_product_attention
+    # Blocked keys get -inf before the softmax, as np.copyto(scores, -inf, where=~mask).
+    key_bias = None if mask is None else np.where(mask, np.float32(0.0), np.float32(-np.inf))
+    rows = np.array(x, dtype=np.float32).reshape(B * T, E)  # (N, E): the running hidden state
+    q, k, v, heads, h = np.empty((5, B * T, E), dtype=np.float32)  # (N, E) each
+    scores = np.empty((B, H, T, T), dtype=np.float32)  # (B, H, T, S), S = T
+    hidden = np.empty((B * T, F), dtype=np.float32)  # (N, F)
+    for block in blocks:
+        attn, ffn = block.attn, block.ffn
+        for out, w, b in ((q, attn.Wq, attn.bq), (k, attn.Wk, attn.bk), (v, attn.Wv, attn.bv)):
+            linear(rows, w, b, out=out)  # (N, E)
+        q_heads, k_heads, v_heads = (
+            a.reshape(B, T, H, D).transpose(0, 2, 1, 3) for a in (q, k, v))  # (B, H, T, D)
+        np.matmul(q_heads, k_heads.transpose(0, 1, 3, 2), out=scores)  # (B, H, T, S)
+        scores *= scale
+        if key_bias is not None:
+            scores += key_bias  # (B, H, T, S)
+        _softmax_last_axis(scores)  # (B, H, T, S) weights
+        # weights @ V written straight into the merged-heads layout.
+        np.matmul(scores, v_heads, out=heads.reshape(B, T, H, D).transpose(0, 2, 1, 3))
+        linear(heads, attn.Wo, attn.bo, out=h)  # (N, E)
+        h += rows  # residual; dropout is the identity in evaluation mode
+        layer_norm_inplace(h, block.norm1.gamma, block.norm1.beta, block.norm1.eps)
+        linear(h, ffn.W1, None, out=hidden)  # (N, F)
+        gelu_erf(hidden, ffn.b1, out=hidden)  # GELU(h W1 + b1), in place
+        linear(hidden, ffn.W2, ffn.b2, out=rows)  # (N, E); the block's input is spent
+        rows += h  # residual
+        layer_norm_inplace(rows, block.norm2.gamma, block.norm2.beta, block.norm2.eps)
+    return rows.reshape(B, T, E)
+
+
+def _softmax_last_axis(scores: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis in place, as attnlab.attention's plain path.
+
+    A row whose keys are all -inf (nothing to attend to) becomes zeros, not NaN.
+    """
+    row_max = np.max(scores, axis=-1, keepdims=True)  # (..., T, 1)
+    row_max[np.isneginf(row_max)] = 0.0  # all-masked row: avoid -inf - -inf
+    scores -= row_max
+    np.exp(scores, out=scores)
+    sums = np.sum(scores, axis=-1, keepdims=True)  # (..., T, 1)
+    sums[sums == 0.0] = 1.0  # nothing to attend to: leave the zeros
+    scores /= sums
+    return scores
 
 
 def load_bert(
