@@ -67,8 +67,8 @@ def parse_matrix(text: str) -> np.ndarray:
             if not _numbers_only(rows):  # np.array would read true as 1.0 and "2" as 2.0
                 raise ValueError("not a matrix of numbers")
         else:
-            rows = [[float(x) for x in row.replace(",", " ").split()]
-                    for row in stripped.split(";") if row.strip()]
+            rows = [_inline_row(row, i + 1, text) for i, row in
+                    enumerate(stripped.removesuffix(";").split(";"))]
         matrix = np.array(rows, dtype=np.float64)
     except (ValueError, TypeError):
         raise CliError(
@@ -80,11 +80,40 @@ def parse_matrix(text: str) -> np.ndarray:
     return matrix
 
 
+def _inline_row(row: str, number: int, text: str) -> list[float]:
+    """One row of an inline --x: numbers separated by commas or spaces; an empty
+    field ("1,,2") or an empty row ("1,2;;3,4") is an error, never skipped."""
+    fields = row.split(",") if "," in row else row.split()
+    if not fields or any(not field.strip() for field in fields):
+        raise CliError(f"--x: row {number} of {text!r} has an empty "
+                       f"{'row' if not row.strip() else 'field'} ({row.strip()!r}); "
+                       "expected numbers separated by commas, rows by ';'")
+    return [float(field) for field in fields]
+
+
 def _numbers_only(rows: Any) -> bool:
     """Whether parsed JSON is nested lists of numbers (no bools, strings or nulls)."""
     if isinstance(rows, list):
         return all(_numbers_only(row) for row in rows)
     return isinstance(rows, (int, float)) and not isinstance(rows, bool)
+
+
+def text_argument(text: str, flag: str) -> str:
+    """A free-text argument as valid Unicode, saying so on stderr if it was not.
+
+    Python keeps argv bytes that are not UTF-8 as lone surrogates (``caf\\xe9``
+    becomes ``'caf\\udce9'``), which no tokenizer, file or terminal accepts. They
+    are replaced by U+FFFD (the replacement character), once, here.
+    """
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that did not come from a byte
+        raw = text.encode("utf-8", "surrogatepass")
+    decoded = raw.decode("utf-8", "replace")
+    if decoded != text:
+        print(f"note: {flag}: the argument is not valid UTF-8; its undecodable bytes were "
+              "replaced by \ufffd", file=sys.stderr)
+    return decoded
 
 
 def prepare_out_dir(text: str, flag: str = "--out") -> Path:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .cli import CliError, parse_matrix, prepare_out_dir
+from .cli import CliError, parse_matrix, prepare_out_dir, text_argument
 
 #: explain prints every matrix; past this many numbers the text is unreadable and
 #: slow (500 tokens × 8 features is ~0.8 million numbers, ~4 s).
@@ -43,7 +43,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from .explain import explain
 
-    tokens = args.tokens.split() if args.tokens is not None else None
+    tokens = text_argument(args.tokens, "--tokens").split() if args.tokens is not None else None
     if tokens is not None and not tokens:
         raise CliError("--tokens: expected at least one token, got an empty string")
     X = parse_matrix(args.x) if args.x is not None else None

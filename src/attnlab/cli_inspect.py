@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from .cli import CliError, prepare_out_dir
+from .cli import CliError, prepare_out_dir, text_argument
 
 DEFAULT_TEXT = "小明去了学校"
 
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from .viewer import AttentionView
     from .viz import plot_attention, plot_head_grid, save_figure
 
+    args.text = text_argument(args.text, "text")
     if not args.text.strip():
         raise CliError("text: expected some text, got an empty string")
     out = prepare_out_dir(args.out)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,30 +61,43 @@ class BertConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config.json") -> BertConfig:
+        if not isinstance(data, dict):
+            raise ModelFileError(f"{source}: expected a JSON object of settings, got "
+                                 f"{type(data).__name__} {_short(data)}")
         ints = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "intermediate_size", "max_position_embeddings", "type_vocab_size")
         missing = [k for k in (*ints, "layer_norm_eps") if k not in data]
         if missing:
             raise ModelFileError(f"{source}: missing keys {missing}")
         for key in ints:
-            if not isinstance(data[key], int) or data[key] < 1:
+            if not _is_int(data[key]) or data[key] < 1:
                 raise ModelFileError(f"{source}: {key} expected a positive integer, "
-                                     f"got {data[key]!r}")
+                                     f"got {_short(data[key])}")
+        eps = data["layer_norm_eps"]
+        if not (_is_int(eps) or isinstance(eps, float)) or not 0 < eps < math.inf:
+            raise ModelFileError(f"{source}: layer_norm_eps expected a finite number > 0, "
+                                 f"got {_short(eps)}")
+        pad = data.get("pad_token_id", 0)
+        if pad is None:  # some configs write null: no padding token declared
+            pad = 0
+        if not _is_int(pad) or not 0 <= pad < data["vocab_size"]:
+            raise ModelFileError(f"{source}: pad_token_id expected an integer in "
+                                 f"0..{data['vocab_size'] - 1} (vocab_size), got {_short(pad)}")
         if data["hidden_size"] % data["num_attention_heads"]:
             raise ModelFileError(
                 f"{source}: hidden_size {data['hidden_size']} is not a multiple of "
                 f"num_attention_heads {data['num_attention_heads']}"
             )
         act = data.get("hidden_act", "gelu")
-        if act not in _ACTIVATION:
+        if not isinstance(act, str) or act not in _ACTIVATION:
             raise ModelFileError(f"{source}: hidden_act expected one of {sorted(_ACTIVATION)}, "
                                  f"got {act!r}")
         kind = data.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise ModelFileError(f"{source}: position_embedding_type expected 'absolute', "
                                  f"got {kind!r}")
-        return cls(**{k: data[k] for k in ints}, layer_norm_eps=float(data["layer_norm_eps"]),
-                   hidden_act=act, pad_token_id=int(data.get("pad_token_id", 0)))
+        return cls(**{k: data[k] for k in ints}, layer_norm_eps=float(eps),
+                   hidden_act=act, pad_token_id=int(pad))
 
     def expected_tensors(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of every tensor the encoder needs (torch Linear layout: (out, in))."""
@@ -113,12 +127,36 @@ class BertConfig:
         return shapes
 
 
+def _is_int(value: Any) -> bool:
+    """A JSON integer (``true`` reads as a Python bool, which is an int: refused)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to one short line, for messages about a file's contents."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 #: Tensors a checkpoint may carry that the encoder does not use.
 _IGNORED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
 
+_LAYER = re.compile(r"encoder\.layer\.(\d+)\.")
+
 
 def check_tensors(tensors: dict[str, np.ndarray], config: BertConfig, source: str) -> None:
-    """Raise :class:`ModelFileError` on a missing, extra, misshaped or non-float tensor."""
+    """Raise :class:`ModelFileError` on a missing, extra, misshaped or non-float tensor.
+
+    The number of layers is compared first, from the tensor names alone: the
+    list of expected tensors grows with the declared ``num_hidden_layers``, and a
+    config declaring millions of layers must fail at once, not after a minute.
+    """
+    found = {int(m.group(1)) for name in tensors if (m := _LAYER.match(name))}
+    if config.num_hidden_layers != len(found):
+        raise ModelFileError(
+            f"{source}: config.json declares num_hidden_layers = {config.num_hidden_layers}, "
+            f"but the weights hold {len(found)} layers"
+        )
     expected = config.expected_tensors()
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected) - set(_IGNORED))
@@ -419,17 +457,22 @@ def load_bert(
     if missing:
         raise ModelFileError(f"path: {folder.name} is missing {', '.join(missing)} "
                              f"(a BERT directory needs {', '.join(REQUIRED_FILES)})")
-    try:
-        config_data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ModelFileError(f"config.json: not valid JSON ({exc})") from None
-    config = BertConfig.from_dict(config_data)
+    config = BertConfig.from_dict(_read_json(folder / "config.json"))
     if max_length is None:
         st_config = folder / "sentence_bert_config.json"
         max_length = config.max_position_embeddings
         if st_config.is_file():
-            max_length = int(json.loads(st_config.read_text(encoding="utf-8")).get(
-                "max_seq_length", max_length))
+            st_data = _read_json(st_config)
+            if not isinstance(st_data, dict):
+                raise ModelFileError(f"{st_config.name}: expected a JSON object of settings, "
+                                     f"got {type(st_data).__name__} {_short(st_data)}")
+            max_length = st_data.get("max_seq_length", max_length)
+            if not _is_int(max_length) or not 1 <= max_length <= config.max_position_embeddings:
+                raise ModelFileError(
+                    f"{st_config.name}: max_seq_length expected an integer in "
+                    f"1..{config.max_position_embeddings} (max_position_embeddings), "
+                    f"got {_short(max_length)}"
+                )
     try:
         tensors = load_file(str(folder / "model.safetensors"))
     except Exception as exc:  # safetensors raises its own error types on a bad header
@@ -439,8 +482,22 @@ def load_bert(
     if any(k.startswith("bert.") for k in tensors):
         tensors = {k.removeprefix("bert."): v for k, v in tensors.items()
                    if k.startswith("bert.")}
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    try:
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as exc:  # tokenizers raises its own error types on a bad file
+        raise ModelFileError(f"tokenizer.json: could not be read ({_short(str(exc))})") from None
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=max_length)
     return BertModel(config, tensors, tokenizer, max_length=max_length,
                      name=name or folder.name)
+
+
+def _read_json(path: Path) -> Any:
+    """A model directory's JSON file, or a :class:`ModelFileError` naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ModelFileError(f"{path.name}: not valid UTF-8 ({exc.reason} at byte "
+                             f"{exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise ModelFileError(f"{path.name}: not valid JSON ({exc})") from None
