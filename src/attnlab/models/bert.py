@@ -152,7 +152,7 @@ def check_tensors(tensors: dict[str, np.ndarray], config: BertConfig, source: st
     config declaring millions of layers must fail at once, not after a minute.
     """
     found = {int(m.group(1)) for name in tensors if (m := _LAYER.match(name))}
-    if config.num_hidden_layers != len(found):
+    if config.num_hidden_layers > len(found):  # fewer are reported below, tensor by tensor
         raise ModelFileError(
             f"{source}: config.json declares num_hidden_layers = {config.num_hidden_layers}, "
             f"but the weights hold {len(found)} layers"
