@@ -488,3 +488,41 @@ def test_explain_reads_the_inline_matrix_forms(capsys, spec):
     assert main(["explain", "--x", spec, "--format", "json"]) == 0
     trace = json.loads(capsys.readouterr().out)
     assert trace["steps"][0]["values"] == [[1.0, 0.0], [0.0, 2.0]]
+
+
+# ---------------------------------------------------------------- found by test_property_errors.py
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, 1e-300])
+def test_torch_causal_attention_with_a_scale_torch_masks_wrongly(scale):
+    """torch's fused is_causal applies its -inf mask before the scale: 0·-inf = NaN."""
+    q, k, v = _qkv(1, 2, 3, 4, S=3, Dv=4, dtype=torch.float32)
+    out = at.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    expected = attnlab.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(),
+                                                    is_causal=True, scale=scale)
+    # float32; summation orders differ between the fused kernel and NumPy.
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_scale_zero_with_scores_that_overflow_before_scaling_is_refused():
+    """q·kᵀ overflows float32 before the scale 0 is applied: inf·0 was NaN."""
+    q, k, v = np.float32([[1e20]]), np.float32([[1e20]]), np.float32([[1.0]])
+    for attention in (attnlab.scaled_dot_product_attention, attnlab.flash_attention):
+        with pytest.raises(AttnlabError, match=r"^q, k: the scores q·kᵀ could reach 1e\+40 "
+                                               r"before scaling"):
+            attention(q, k, v, scale=0.0)
+    with pytest.raises(AttnlabError, match=r"^q, k: the scores q·kᵀ could reach"):
+        at.scaled_dot_product_attention(*map(torch.from_numpy, (q, k, v)), scale=0.0,
+                                        return_weights=True)
+
+
+def test_a_finite_bias_that_overflows_the_scores_blocks_the_key_without_a_warning():
+    import warnings
+
+    q, k = np.float32([[61.0]]), np.float32([[-2.5e30], [0.0]])  # scores -1.5e32, 0
+    v = np.float32([[1.0], [2.0]])
+    bias = np.float32([np.finfo(np.float32).min, 0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = attnlab.scaled_dot_product_attention(q, k, v, bias=bias)
+    assert out.tolist() == [[2.0]]  # key 0: score + finfo.min overflows to -inf, weight 0

@@ -181,7 +181,10 @@ def scaled_dot_product_attention(
         # A mask/bias with more batch dims than q and k: materialise the broadcast.
         scaled = np.array(np.broadcast_to(scaled, np.broadcast_shapes(scaled.shape, *extra)))
     if bias_arr is not None:
-        scaled += bias_arr  # (..., T, S)
+        # A score plus a finite bias below -finfo.max (finfo.min fills in float32) goes
+        # to -inf: that key is blocked, as on the tiled and fused paths. No warning.
+        with np.errstate(over="ignore"):
+            scaled += bias_arr  # (..., T, S)
     if allowed is not None:
         np.copyto(scaled, -np.inf, where=~allowed)  # (..., T, S) blocked -> -inf
     weights = _softmax_inplace(scaled)  # (..., T, S)
@@ -285,15 +288,25 @@ def check_score_range(
     -inf silently into zeros. |q_i·k_j| ≤ D·max|q|·max|k|, so this bound, read
     from two O(T·D + S·D) reductions, rules overflow out before any O(T·S) work.
     It is far from any real input (float32: max|q|·max|k| ≈ 4e37 at D = 64).
-    ``q_max · |scale|`` is bounded too: the tiled path folds the scale into q.
+    ``q_max · |scale|`` is bounded too: the tiled path folds the scale into q; and
+    so is the unscaled D·max|q|·max|k|: the plain path forms q·kᵀ before scaling
+    (with scale = 0 an overflowed q·kᵀ would give inf · 0 = NaN).
     """
     limit = float(np.finfo(dtype).max)
     scale = abs(float(scale))
-    bound = q_max * k_max * D * scale  # Python floats: inf on overflow, no exception
-    if bound + max(bias_max, 0.0) < limit and q_max * scale < limit:
-        return
+    raw = q_max * k_max * D  # Python floats: inf on overflow, no exception
+    bound = raw * scale
     advice = "scale q and k down" + ("" if np.dtype(dtype) == np.float64 else
                                      ", or compute in float64")
+    if raw >= limit and bound + max(bias_max, 0.0) < limit:
+        raise AttnlabError(
+            f"{names}: the scores q·kᵀ could reach {raw:.3g} before scaling (D·max|q|·max|k| "
+            f"with D = {D}, max|q| = {q_max:.3g}, max|k| = {k_max:.3g}), beyond "
+            f"{np.dtype(dtype)}'s largest value {limit:.3g}: they would overflow to inf and "
+            f"give NaN; {advice}"
+        )
+    if bound + max(bias_max, 0.0) < limit and q_max * scale < limit:
+        return
     raise AttnlabError(
         f"{names}: the scaled scores could reach {bound:.3g} (D·max|q|·max|k|·|scale| with "
         f"D = {D}, max|q| = {q_max:.3g}, max|k| = {k_max:.3g}, scale = {scale:.3g}), beyond "

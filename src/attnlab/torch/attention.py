@@ -58,7 +58,7 @@ from ._checks import (
     compute_dtype,
 )
 
-__all__ = ["scaled_dot_product_attention", "causal_mask", "softmax"]
+__all__ = ["scaled_dot_product_attention", "causal_mask", "softmax", "check_tensor_score_range"]
 
 
 def causal_mask(T: int, S: int | None = None, *, device: Any = None) -> torch.Tensor:  # -> (T, S)
@@ -272,6 +272,7 @@ def attend(
     dropout_p: float,
     return_weights: bool,
     k_max: torch.Tensor | None = None,
+    range_checked: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention on validated inputs (same dtype and device): the dispatcher between the paths.
 
@@ -279,11 +280,17 @@ def attend(
     float broadcastable to (..., T, S) -> (..., T, Dv) [, weights (..., T, S)].
     ``allowed`` does not include the causal mask; ``is_causal`` adds it.
     ``k_max`` (0-d) is max|k| if the caller keeps track of it (a KV cache), else computed.
+    ``range_checked``: the caller already ran :func:`check_tensor_score_range` (a KV
+    cache does, before appending anything).
     """
-    _check_score_range(q, k, bias, scale, k_max)
+    if not range_checked:
+        check_tensor_score_range(q, k, bias, scale, k_max)
     T, S = q.shape[-2], k.shape[-2]
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    if is_causal and not (T == S and allowed is None and bias is None):
+    # torch's own is_causal masks with -inf *before* scaling: a scale <= 0 (or one that
+    # rounds to 0 in q's dtype) turns the mask into NaN (-inf·0) or +inf. Build it instead.
+    flag_ok = T == S and allowed is None and bias is None and scale >= torch.finfo(q.dtype).tiny
+    if is_causal and not flag_ok:
         causal = causal_mask(T, S, device=q.device)  # (T, S)
         allowed = causal if allowed is None else (allowed & causal)  # (..., T, S)
         is_causal = False
@@ -292,7 +299,7 @@ def attend(
     return _fused(q, k, v, allowed, bias, scale, is_causal, dropout_p, batch)
 
 
-def _check_score_range(
+def check_tensor_score_range(
     q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, scale: float,
     k_max: torch.Tensor | None,
 ) -> None:

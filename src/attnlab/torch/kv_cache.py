@@ -37,7 +37,7 @@ from ..errors import (
     shape_str,
 )
 from ._checks import as_float_tensor, check_finite
-from .attention import attend
+from .attention import attend, check_tensor_score_range
 
 __all__ = ["KVCache", "SlidingWindowKVCache", "sliding_window_mask"]
 
@@ -142,6 +142,13 @@ class _CacheBase:
             return self._k_max
         return torch.maximum(self._k_max, k.abs().amax().to(torch.float64))
 
+    def _check_scores(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+        """Refuse q (and new keys k) whose scores with the cached keys could overflow,
+        before anything is appended; returns the grown max|key| (0-d, float64)."""
+        k_max = self._grown_k_max(k)
+        check_tensor_score_range(q, k, None, scale, k_max)
+        return k_max
+
     def _check_q(self, q: Any, T: int) -> torch.Tensor:
         """q (B, H, T, D) with H a multiple of Hkv, in the cache's dtype."""
         B, Hkv, D = self.batch, self.num_kv_heads, self.head_dim
@@ -177,7 +184,7 @@ class _CacheBase:
 def _grouped_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor | None,
     scale: float, k_max: torch.Tensor,
-) -> torch.Tensor:
+) -> torch.Tensor:  # the score range was checked by the caller (_CacheBase._check_scores)
     """Shapes: q (B, H, T, D), keys (B, Hkv, S, D), values (B, Hkv, S, Dv),
     allowed bool (T, S) or None -> (B, H, T, Dv)."""
     B, H, T, D = q.shape
@@ -188,7 +195,7 @@ def _grouped_attention(
         allowed = allowed.repeat(G, 1)  # (G*T, S), rows in the order of `rows`
     out = cast(torch.Tensor, attend(
         rows, keys, values, allowed, None, scale, is_causal=False, dropout_p=0.0,
-        return_weights=False, k_max=k_max,
+        return_weights=False, k_max=k_max, range_checked=True,
     ))  # (B, Hkv, G*T, Dv); without weights attend returns the output alone
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
@@ -291,6 +298,7 @@ class KVCache(_CacheBase):
         q_t = self._check_q(q, T)
         scale_value = self._check_scale(scale, self.head_dim)
         check_alloc((T, self._length + T), torch.bool, "the causal mask (T, S)", "q")
+        self._check_scores(q_t, k_t, scale_value)
         self._write(k_t, v_t)
         S = self._length
         allowed = None
@@ -388,6 +396,7 @@ class SlidingWindowKVCache(_CacheBase):
         T = k_t.shape[2]
         q_t = self._check_q(q, T)
         scale_value = self._check_scale(scale, self.head_dim)
+        k_max = self._check_scores(q_t, k_t, scale_value)
         W = self.window
         if T == 1:
             # After writing, the W slots hold positions p - W + 1 .. p: exactly the window.
@@ -406,7 +415,7 @@ class SlidingWindowKVCache(_CacheBase):
             & (key_pos[None, :] > query_pos[:, None] - W)
         )  # (T, W + T)
         out = _grouped_attention(q_t, keys, values, allowed, scale_value,
-                                 self._grown_k_max(k_t))  # (B, H, T, Dv)
+                                 k_max)  # (B, H, T, Dv)
         self._write(k_t, v_t)
         return out
 
