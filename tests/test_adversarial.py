@@ -526,3 +526,64 @@ def test_a_finite_bias_that_overflows_the_scores_blocks_the_key_without_a_warnin
         warnings.simplefilter("error")
         out = attnlab.scaled_dot_product_attention(q, k, v, bias=bias)
     assert out.tolist() == [[2.0]]  # key 0: score + finfo.min overflows to -inf, weight 0
+
+
+# ---------------------------------------------------------------- found by a sweep of bad arguments
+
+
+def test_an_error_about_an_array_stays_on_one_line():
+    q = np.ones((3, 4))
+    with pytest.raises(AttnlabError) as info:
+        attnlab.scaled_dot_product_attention(q, q, q, return_weights=np.ones((4, 4)))
+    assert str(info.value) == ("return_weights: expected True or False, got ndarray of shape "
+                               "(4, 4) and dtype float64")
+    with pytest.raises(AttnlabError) as info:
+        at.scaled_dot_product_attention(torch.ones(3, 4), torch.ones(3, 4), torch.ones(3, 4),
+                                        scale=torch.ones(3, 3, requires_grad=True))
+    assert "\n" not in str(info.value)
+    assert "\n" not in str(AttnlabError("x: got array([[1],\n       [2]])"))
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: attnlab.apply_rope(np.ones((2, 4)), positions=[[0, 1], [2]]), "positions"),
+    (lambda: attnlab.apply_rope(np.ones((2, 4)), positions=torch.ones(2, requires_grad=True)),
+     "positions"),
+    (lambda: attnlab.sliding_window_mask(4, 3, causal=True, global_tokens=[[0], [1, 2]]),
+     "global_tokens"),
+    (lambda: attnlab.TinyDecoder(attnlab.DecoderConfig(vocab_size=16, d_model=8, num_heads=2))
+     .generate([[1, 2], [3]], 2), "prompt_ids"),
+    (lambda: at.apply_rope(torch.ones(2, 4), positions="01"), "positions"),
+    (lambda: at.apply_rope(torch.ones(2, 4), positions=[[0, 1], [2]]), "positions"),
+    (lambda: at.rope_angles(object(), 4), "positions"),
+    (lambda: attnlab.mask_to_bias(np.ones(2, bool), dtype=torch.ones(2)), "dtype"),
+    (lambda: attnlab.alibi_bias(2, 3, dtype="\udce9"), "dtype"),
+    (lambda: attnlab.KVCache(1, 1, 4, dtype=torch.float32), "dtype"),
+], ids=["rope-ragged", "rope-grad", "global-ragged", "ids-ragged", "t-rope-str",
+        "t-rope-ragged", "t-angles-object", "bias-dtype-tensor", "alibi-dtype-surrogate",
+        "cache-torch-dtype"])
+def test_unreadable_arguments_are_named(call, name):
+    with pytest.raises(AttnlabError, match=rf"^{name}: "):
+        call()
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: attnlab.block_sparse_attention(*[np.ones((2, 3, 4))] * 3, 10**12),
+     r"block_size: the rows padded to whole blocks"),
+    (lambda: attnlab.token_embeddings(["a", "b"], 10**12), r"d_model: the embeddings \(T, E\)"),
+    (lambda: attnlab.positional.rope_angles(np.arange(3), 10**12),
+     r"head_dim: the angles \(T, D\)"),
+    (lambda: at.rope_angles(torch.arange(3), 10**12), r"head_dim: the angles \(T, D\)"),
+    (lambda: at.MultiHeadAttention(2, 10**6), r"h, d_model: the weight of q_proj"),
+])
+def test_more_huge_sizes_are_refused_before_allocating(call, message):
+    with pytest.raises(AttnlabError, match=rf"^{message}.*{LIMIT}"):
+        call()
+
+
+@pytest.mark.parametrize("flag", [True, np.bool_(False)])
+def test_sliding_window_takes_a_0d_key_padding(flag):
+    x = np.random.default_rng(0).standard_normal((2, 5, 4))
+    out = attnlab.sliding_window_attention(x, x, x, 3, causal=True, key_padding=flag)
+    plain = attnlab.scaled_dot_product_attention(
+        x, x, x, attnlab.sliding_window_mask(5, 3, causal=True) & flag)
+    np.testing.assert_allclose(out, plain, rtol=1e-12, atol=1e-12)  # float64, chunked vs plain

@@ -34,7 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AttnlabError, ShapeError, check_alloc, check_flag, check_positive_int, shape_str
+from .errors import (
+    AttnlabError,
+    ShapeError,
+    as_array,
+    check_alloc,
+    check_flag,
+    check_positive_int,
+    shape_str,
+)
 from .init import RngLike, as_rng, init_weight
 from .kv_cache import KVCache, SlidingWindowKVCache
 from .layers import EncoderBlock, FeedForward, LayerNorm
@@ -311,7 +319,7 @@ class TinyDecoder:
         return Generation(tokens, chosen_logits, T0)
 
     def _check_ids(self, ids: Any, name: str) -> np.ndarray:  # -> (B, T) int64
-        arr = np.asarray(ids)
+        arr = as_array(ids, name)
         if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
             raise AttnlabError(f"{name}: expected integer token ids, got dtype {arr.dtype}")
         if arr.ndim == 1:

@@ -28,6 +28,7 @@ __all__ = [
     "check_ndim",
     "check_broadcastable",
     "check_positive_int",
+    "describe",
     "check_finite",
     "check_flag",
     "check_scale",
@@ -51,12 +52,28 @@ class AttnlabError(ValueError):
     """Base class of every error attnlab raises on bad input.
 
     It is a ``ValueError`` so that code which already catches ``ValueError``
-    keeps working.
+    keeps working. Its message is one line: a received value whose repr spans
+    several (an array, a tensor) is joined onto it.
     """
+
+    def __init__(self, *args: Any) -> None:
+        if args and isinstance(args[0], str) and "\n" in args[0]:
+            args = (" ".join(line.strip() for line in args[0].splitlines()), *args[1:])
+        super().__init__(*args)
 
 
 class ShapeError(AttnlabError):
     """An array has the wrong number of dimensions or the wrong size."""
+
+
+def describe(value: Any) -> str:
+    """A received value for a message: arrays and tensors by type, shape and dtype
+    (their repr spans lines and can be huge), anything else by a repr cut to 80."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and getattr(value, "dtype", None) is not None and not np.isscalar(value):
+        return f"{type(value).__name__} of shape {shape_str(shape)} and dtype {value.dtype}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def shape_str(shape: Sequence[int]) -> str:
@@ -133,7 +150,8 @@ def check_ndim(arr: np.ndarray, name: str, min_ndim: int, layout: str) -> None:
 def check_positive_int(value: Any, name: str, *, allow_zero: bool = False) -> int:
     """Return ``value`` as an int, or raise if it is not a (strictly) positive integer."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise AttnlabError(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
+        raise AttnlabError(f"{name}: expected an integer, got {type(value).__name__} "
+                           f"{describe(value)}")
     low = 0 if allow_zero else 1
     if value < low:
         raise AttnlabError(f"{name}: expected an integer >= {low}, got {value}")
@@ -162,7 +180,7 @@ def check_flag(value: Any, name: str) -> bool:
     report, not a request for weights.
     """
     if not isinstance(value, (bool, np.bool_)):
-        raise AttnlabError(f"{name}: expected True or False, got {value!r}")
+        raise AttnlabError(f"{name}: expected True or False, got {describe(value)}")
     return bool(value)
 
 
@@ -177,7 +195,7 @@ def check_scale(scale: Any, D: int, name: str = "scale") -> float:
     if isinstance(scale, (bool, np.bool_)) or not isinstance(
         scale, (int, float, np.integer, np.floating)
     ):
-        raise AttnlabError(f"{name}: expected a real number or None, got {scale!r}")
+        raise AttnlabError(f"{name}: expected a real number or None, got {describe(scale)}")
     value = float(scale)
     if not math.isfinite(value):
         raise AttnlabError(f"{name}: expected a finite number, got {value}")
@@ -215,7 +233,7 @@ def check_alloc(shape: Sequence[int], dtype: Any, what: str, name: str) -> None:
         return
     try:
         itemsize = np.dtype(dtype).itemsize
-    except TypeError:  # a torch dtype
+    except (TypeError, ValueError, UnicodeError):  # a torch dtype
         itemsize = int(getattr(dtype, "itemsize", 1))
     raise AttnlabError(
         f"{name}: {what} = {shape_str(shape)} would hold {count:,} elements "

@@ -26,6 +26,7 @@ from .errors import (
     AttnlabError,
     ShapeError,
     as_float_array,
+    check_alloc,
     check_positive_int,
     check_text,
     shape_str,
@@ -54,6 +55,7 @@ def token_embeddings(tokens: list[str], d_model: int = 4) -> np.ndarray:
     if not tokens:
         raise AttnlabError("tokens: expected at least one token, got none")
     E = check_positive_int(d_model, "d_model")
+    check_alloc((len(tokens), E), np.float64, "the embeddings (T, E)", "d_model")
     rows = [np.random.default_rng(zlib.crc32(t.encode("utf-8"))).standard_normal(E)
             for t in tokens]
     return np.stack(rows)  # (T, E)

@@ -78,7 +78,7 @@ class _CacheBase:
         )
         try:
             self.dtype = np.dtype(dtype)
-        except TypeError:
+        except (TypeError, ValueError, UnicodeError):  # not a dtype, e.g. a tensor
             raise AttnlabError(f"dtype: expected a float dtype, got {dtype!r}") from None
         if self.dtype not in (np.float32, np.float64):
             raise AttnlabError(f"dtype: expected float32 or float64, got {self.dtype}")

@@ -115,7 +115,7 @@ def mask_to_bias(mask: Any, dtype: Any = np.float64) -> np.ndarray:
     arr = as_bool_mask(mask, "mask")
     try:
         float_dtype = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError, UnicodeError):  # not a dtype, e.g. a tensor
         raise AttnlabError(f"dtype: expected a float dtype, got {dtype!r}") from None
     if not np.issubdtype(float_dtype, np.floating):  # -inf has no int or complex bias
         raise AttnlabError(f"dtype: expected a float dtype (-inf marks blocked), got {float_dtype}")

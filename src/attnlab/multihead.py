@@ -194,7 +194,7 @@ class MultiHeadAttention:
         Ekv = E if d_context is None else check_positive_int(d_context, "d_context")
         try:
             float_dtype = np.dtype(dtype)
-        except TypeError:
+        except (TypeError, ValueError, UnicodeError):  # not a dtype, e.g. a tensor
             raise AttnlabError(f"dtype: expected a float dtype, got {dtype!r}") from None
         if not np.issubdtype(float_dtype, np.floating):  # an int dtype would round W to 0
             raise AttnlabError(
@@ -323,7 +323,7 @@ class MultiHeadAttention:
             k = self.rope(k, np.arange(S))  # (B, Hkv, S, D)
         if self.alibi:
             slopes = alibi_bias(self.num_heads, T, S).astype(q.dtype)  # (H, T, S)
-            bias = slopes if bias is None else slopes + np.asarray(bias)  # (B, H, T, S)
+            bias = slopes if bias is None else slopes + as_array(bias, "bias")  # (B, H, T, S)
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, H, S, D), (B, H, S, Dv)
         heads, weights = scaled_dot_product_attention(
             q, k, v, mask, bias=bias, is_causal=is_causal, return_weights=True

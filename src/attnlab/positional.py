@@ -30,6 +30,7 @@ import numpy as np
 from .errors import (
     AttnlabError,
     ShapeError,
+    as_array,
     as_float_array,
     check_alloc,
     check_flag,
@@ -65,7 +66,7 @@ def _check_base(base: Any) -> float:
 def _float_dtype(dtype: Any) -> np.dtype:
     try:
         resolved = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError, UnicodeError):  # not a dtype, e.g. a tensor
         raise AttnlabError(f"dtype: expected a NumPy float dtype, got {dtype!r}") from None
     if not np.issubdtype(resolved, np.floating) or resolved.itemsize > 8:
         raise AttnlabError(f"dtype: expected float16, float32 or float64, got {resolved}")
@@ -276,7 +277,7 @@ def _as_positions(positions: Any, length: int | None) -> np.ndarray:  # -> (T,) 
             positions, "positions", allow_zero=True
         )
         return offset + np.arange(length, dtype=np.int64)  # (T,)
-    arr = np.asarray(positions)
+    arr = as_array(positions, "positions")
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
         raise AttnlabError(
             f"positions: expected integer positions, got dtype {arr.dtype}"
@@ -313,6 +314,7 @@ def rope_angles(
     base = _check_base(base)
     interleaved = check_flag(interleaved, "interleaved")
     pos = _as_positions(positions, None).astype(np.float64)  # (T,)
+    check_alloc((len(pos), head_dim), np.float64, "the angles (T, D)", "head_dim")
     inv_freq = base ** -(np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (D/2,)
     angles = pos[:, None] * inv_freq[None, :]  # (T, D/2)
     if interleaved:

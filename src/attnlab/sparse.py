@@ -29,6 +29,7 @@ from .attention import _prepare, _softmax
 from .errors import (
     AttnlabError,
     ShapeError,
+    as_array,
     as_bool_mask,
     check_alloc,
     check_broadcastable,
@@ -72,7 +73,7 @@ def _prepare_key_padding(key_padding: Any, batch: tuple[int, ...], S: int) -> np
         return None
     arr = as_bool_mask(key_padding, "key_padding")
     check_broadcastable(arr.shape, (*batch, S), "key_padding", "(..., S)")
-    return arr
+    return arr.reshape(1) if arr.ndim == 0 else arr  # a 0-d flag has no key axis to index
 
 
 def _check_bool(value: Any, name: str) -> bool:
@@ -81,7 +82,7 @@ def _check_bool(value: Any, name: str) -> bool:
 
 def _check_positions(positions: Any, name: str, S: int) -> np.ndarray:
     """A 1-D list of distinct key positions in [0, S), returned sorted."""
-    arr = np.asarray(positions)
+    arr = as_array(positions, name)
     if arr.ndim != 1 or not (arr.size == 0 or np.issubdtype(arr.dtype, np.integer)):
         raise AttnlabError(
             f"{name}: expected a 1-D list of integer key positions, got "
@@ -374,7 +375,7 @@ def _resolve_layout(
                 f"layout: a layout is given, so {', '.join(given)} must be left at None "
                 "(they only describe BigBird's generated layout)"
             )
-        arr = np.asarray(layout)
+        arr = as_array(layout, "layout")
         if arr.dtype != np.bool_:
             raise AttnlabError(
                 f"layout: expected a bool array (True = query block attends to key block), "
@@ -509,6 +510,10 @@ def block_sparse_attention(
     causal = _check_bool(causal, "causal")
     grid = _resolve_layout(T, S, block_size, layout, num_local_blocks, num_global_blocks,
                            num_random_blocks, seed, causal)
+    width = max(q_arr.shape[-1], v_arr.shape[-1])
+    for blocks in grid.shape:  # queries and keys are padded to whole blocks of b rows
+        check_alloc((*batch, blocks * block_size, width), q_arr.dtype,
+                    "the rows padded to whole blocks (..., n·b, D)", "block_size")
     padding = _prepare_key_padding(key_padding, batch, S)
 
     return _block_sparse_core(q_arr, k_arr, v_arr, grid, block_size, causal, padding, batch,

@@ -23,7 +23,14 @@ import torch
 from torch import nn
 
 from .. import multihead as np_multihead
-from ..errors import AttnlabError, ShapeError, check_broadcastable, check_positive_int, shape_str
+from ..errors import (
+    AttnlabError,
+    ShapeError,
+    check_alloc,
+    check_broadcastable,
+    check_positive_int,
+    shape_str,
+)
 from ._checks import (
     as_bool_tensor,
     check_bias_values,
@@ -146,6 +153,9 @@ class MultiHeadAttention(nn.Module):
         ):
             raise AttnlabError(f"v_gain: expected a finite number >= 0, got {v_gain!r}")
 
+        for shape, what in (((H * D, E), "q_proj"), ((Hkv * D, Ekv), "k_proj"),
+                            ((Hkv * Dv, Ekv), "v_proj"), ((E_out, H * Dv), "out_proj")):
+            check_alloc(shape, torch.float64, f"the weight of {what} (out, in)", "h, d_model")
         self.h, self.num_kv_heads, self.d_k, self.d_v = H, Hkv, D, Dv
         self.d_model, self.d_context, self.d_out = E, Ekv, E_out
         factory = {"device": device, "dtype": check_module_dtype(dtype)}

@@ -182,7 +182,13 @@ def _as_positions(positions: Any, length: int | None, device: Any) -> torch.Tens
             positions, "positions", allow_zero=True
         )
         return offset + torch.arange(length, device=device)  # (T,)
-    pos = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
+    try:
+        pos = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
+    except (TypeError, ValueError, RuntimeError) as exc:  # a str, a ragged list, an object
+        raise AttnlabError(
+            f"positions: expected an int tensor of shape (T,), could not read "
+            f"{type(positions).__name__} ({exc})"
+        ) from None
     if pos.dtype == torch.bool or pos.is_floating_point() or pos.is_complex():
         raise AttnlabError(f"positions: expected integer positions, got dtype {pos.dtype}")
     expected = "(T,)" if length is None else f"(T,) = ({length},)"
@@ -213,6 +219,7 @@ def rope_angles(
     base = check_positive_float(base, "base")
     interleaved = check_flag(interleaved, "interleaved")
     pos = _as_positions(positions, None, device)
+    check_alloc((len(pos), head_dim), torch.float64, "the angles (T, D)", "head_dim")
     return _angles(pos, head_dim, base, interleaved)
 
 
