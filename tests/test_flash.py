@@ -637,3 +637,15 @@ def test_a_query_that_sees_one_key_gets_exactly_zero_dq():
     dq, _, _ = flash_attention_backward(q, k, v, out, lse, dout, is_causal=True,
                                          block_q=96, block_k=80)
     np.testing.assert_array_equal(dq[..., 0, :], 0.0)
+
+
+def test_broadcast_batch_dims_too_large_for_memory_are_refused_before_allocating():
+    # q (8192, 1, T, D) and k, v (1, 8192, S, D) broadcast to a (8192, 8192, T, Dv)
+    # output: 32 GiB at T = 32, Dv = 4 in float32. It used to end in a bare MemoryError.
+    q = np.zeros((8192, 1, 32, 4), dtype=np.float32)
+    k = np.zeros((1, 8192, 8, 4), dtype=np.float32)
+    with pytest.raises(AttnlabError, match=r"q, k, v: .*\(8192, 8192, 32, 5\)"):
+        flash_attention(q, k, k)
+    out = np.broadcast_to(np.float32(0.0), (8192, 8192, 32, 4))  # a view: no memory
+    with pytest.raises(AttnlabError, match="q, k, v: the gradients"):
+        flash_attention_backward(q, k, k, out, out[..., 0], out)

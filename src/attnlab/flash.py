@@ -44,6 +44,7 @@ from .errors import (
     AttnlabError,
     ShapeError,
     as_float_array,
+    check_alloc,
     check_ndim,
     check_positive_int,
     shape_str,
@@ -172,6 +173,8 @@ def flash_attention(
     T, D, S, Dv = *q_arr.shape[-2:], k_arr.shape[-2], v_arr.shape[-1]
     batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
     tiles = _Tiles(T, S, allowed, bias_arr, bool(is_causal))
+    # Broadcast batch dims can make the output far larger than any input.
+    check_alloc((*batch, T, Dv + 1), dtype, "the running sums (..., T, Dv + 1)", "q, k, v")
 
     scale_typed = dtype.type(scale_value)
     q_full = np.broadcast_to(q_arr, (*batch, T, D))  # (..., T, D) a view: tiles get all batch dims
@@ -259,6 +262,7 @@ def flash_attention_backward(
     T, D, S, Dv = *q_arr.shape[-2:], k_arr.shape[-2], v_arr.shape[-1]
     batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
     tiles = _Tiles(T, S, allowed, bias_arr, bool(is_causal))
+    check_alloc((*batch, T + S, D + Dv), dtype, "the gradients dq, dk, dv", "q, k, v")
     _as_forward(out, "out", (*batch, T, Dv), "(..., T, Dv)", dtype)
     lse_arr = _as_forward(lse, "lse", (*batch, T), "(..., T)", _LSE_DTYPE, allow_neginf=True)
     dout_arr = _upstream(dout, (*batch, T, Dv), "(..., T, Dv)", dtype)
