@@ -269,15 +269,21 @@ def cache_inputs(draw):
 
 
 @EXAMPLES
-@given(cache_inputs(), st.sampled_from(["numpy", "torch"]))
-def test_kv_cache_append_and_attend(inputs, twin):
+@given(cache_inputs(), st.sampled_from(["numpy", "torch"]), st.sampled_from([None, 1, 2, 5]))
+def test_kv_cache_append_and_attend(inputs, twin, window):
+    """KVCache (window None) or SlidingWindowKVCache: each call equals plain attention
+    over every key appended so far, causal (and within the last W positions)."""
     chunks, (B, Hkv, D, Dv), scale, dtype = inputs
+    lib = attnlab if twin == "numpy" else at
+    cache_dtype = dtype if twin == "numpy" else (
+        torch.float32 if dtype == np.float32 else torch.float64)
+    if window is None:
+        cache = lib.KVCache(B, Hkv, D, Dv, capacity=1, dtype=cache_dtype)
+    else:
+        cache = lib.SlidingWindowKVCache(B, Hkv, D, Dv, window=window, dtype=cache_dtype)
     if twin == "numpy":
-        cache = attnlab.KVCache(B, Hkv, D, Dv, capacity=1, dtype=dtype)
         convert, back = (lambda a: a), np.asarray
     else:
-        torch_dtype = torch.float32 if dtype == np.float32 else torch.float64
-        cache = at.KVCache(B, Hkv, D, Dv, capacity=1, dtype=torch_dtype)
         convert, back = torch.from_numpy, (lambda t: t.numpy())
     keys, values = np.zeros((B, Hkv, 0, D), dtype), np.zeros((B, Hkv, 0, Dv), dtype)
     for q, k, v in chunks:
@@ -291,7 +297,10 @@ def test_kv_cache_append_and_attend(inputs, twin):
         G = q.shape[1] // Hkv
         # Query head h reads key/value head h // G.
         all_k, all_v = np.repeat(keys, G, axis=1), np.repeat(values, G, axis=1)
-        allowed = allowed_keys(None, True, q.shape[2], keys.shape[2])
+        T, S = q.shape[2], keys.shape[2]
+        allowed = allowed_keys(None, True, T, S)  # (T, S)
+        if window is not None:  # the W most recent keys, itself included
+            allowed = allowed & (np.arange(S)[None, :] > np.arange(T)[:, None] + (S - T) - window)
         check(out, q, all_k, all_v, allowed, None, effective_scale(scale, D), dtype)
 
 
