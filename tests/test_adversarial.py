@@ -587,3 +587,9 @@ def test_sliding_window_takes_a_0d_key_padding(flag):
     plain = attnlab.scaled_dot_product_attention(
         x, x, x, attnlab.sliding_window_mask(5, 3, causal=True) & flag)
     np.testing.assert_allclose(out, plain, rtol=1e-12, atol=1e-12)  # float64, chunked vs plain
+
+
+def test_converting_a_meta_module_to_numpy_is_refused_by_name():
+    with pytest.raises(AttnlabError, match=r"^module: expected parameters holding values, got "
+                                           r"parameters on the meta device"):
+        at.to_numpy(at.MultiHeadAttention(2, 8, device="meta"))

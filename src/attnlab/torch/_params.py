@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..errors import AttnlabError
+
 __all__ = ["to_param", "to_array", "to_optional_array", "torch_dtype"]
 
 
@@ -20,6 +22,12 @@ def to_param(array: np.ndarray, *, transpose: bool, like: torch.Tensor) -> torch
 
 def to_array(t: torch.Tensor, *, transpose: bool = False) -> np.ndarray:
     """A parameter as a NumPy array (float16 / bfloat16 as float32, which NumPy can hold)."""
+    if t.device.type == "meta":
+        raise AttnlabError(
+            "module: expected parameters holding values, got parameters on the meta device, "
+            "which hold none; materialise the module first (e.g. .to_empty(device='cpu') "
+            "and load its weights)"
+        )
     values = t.detach().cpu()
     if values.dtype in (torch.float16, torch.bfloat16):
         values = values.float()
