@@ -128,6 +128,23 @@ def test_embeddings_match_sentence_transformers(model):
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-6)
 
 
+def test_encode_batches_by_token_count(model, monkeypatch):
+    """Sorted by tokens, not characters: each batch pads to the least possible length."""
+    texts = ["中文句子很短但是每个字都是一个词元", "The cat sat on the mat.", "北京是首都",
+             "An English sentence of many characters but few tokens."]
+    counts = [len(model.tokenize([t])[0][0]) for t in texts]
+    by_chars = np.argsort([-len(t) for t in texts], kind="stable")
+    by_tokens = np.argsort([-c for c in counts], kind="stable")
+    assert list(by_chars) != list(by_tokens)  # the two orders batch differently here
+    shapes = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda ids, real: shapes.append(ids.shape)
+                        or forward(ids, real))
+    out = model.encode(texts, batch_size=2)
+    assert shapes == [(2, counts[by_tokens[0]]), (2, counts[by_tokens[2]])]
+    np.testing.assert_allclose(out, model.encode(texts, batch_size=1), rtol=0, atol=1e-6)
+
+
 def test_long_input_is_truncated_at_256_tokens(model):
     ids, real, tokens = model.tokenize([LONG_EN])
     assert ids.shape == (1, 256) and tokens[0][-1] == "[SEP]"

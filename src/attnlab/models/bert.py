@@ -248,13 +248,18 @@ class BertModel:
             raise AttnlabError("texts: expected a list of strings, got "
                                f"{type(texts).__name__}")
         encodings = self.tokenizer.encode_batch(list(texts))
-        T = max((len(e.ids) for e in encodings), default=0)
-        ids = np.full((len(encodings), T), self.config.pad_token_id, dtype=np.int64)  # (B, T)
-        real = np.zeros((len(encodings), T), dtype=np.int64)  # (B, T)
-        for row, enc in enumerate(encodings):
-            ids[row, : len(enc.ids)] = enc.ids
-            real[row, : len(enc.ids)] = 1
+        ids, real = self._pad([e.ids for e in encodings])
         return ids, real, [list(e.tokens) for e in encodings]
+
+    def _pad(self, sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Token id lists -> ids (B, T) padded with pad_token_id, attention mask (B, T) of 0/1."""
+        T = max((len(seq) for seq in sequences), default=0)
+        ids = np.full((len(sequences), T), self.config.pad_token_id, dtype=np.int64)  # (B, T)
+        real = np.zeros((len(sequences), T), dtype=np.int64)  # (B, T)
+        for row, seq in enumerate(sequences):
+            ids[row, : len(seq)] = seq
+            real[row, : len(seq)] = 1
+        return ids, real
 
     # ---- the encoder -----------------------------------------------------------
 
@@ -312,18 +317,25 @@ class BertModel:
                normalize: bool = True) -> np.ndarray:
         """Sentence embeddings (n, E) float32: mean over real tokens, then L2-normalised.
 
-        Texts are sorted by length and batched (as sentence-transformers does), so
-        little padding is computed; the result is in the input order.
+        Texts are tokenised once, sorted by their number of tokens and batched, so
+        each batch is padded to the least possible length (sentence-transformers
+        sorts by number of characters, a rougher guide: a Chinese character is
+        about one token, an English word of five letters about one); the result
+        is in the input order.
         """
         if isinstance(texts, str):
             texts = [texts]
         if not isinstance(batch_size, int) or batch_size < 1:
             raise AttnlabError(f"batch_size: expected a positive integer, got {batch_size!r}")
-        order = np.argsort([-len(t) for t in texts], kind="stable")
+        if not all(isinstance(t, str) for t in texts):
+            raise AttnlabError("texts: expected a list of strings, got "
+                               f"{type(texts).__name__}")
+        sequences = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+        order = np.argsort([-len(seq) for seq in sequences], kind="stable")
         out = np.zeros((len(texts), self.config.hidden_size), dtype=np.float32)  # (n, E)
         for start in range(0, len(texts), batch_size):
             chunk = order[start: start + batch_size]
-            ids, real, _ = self.tokenize([texts[i] for i in chunk])
+            ids, real = self._pad([sequences[i] for i in chunk])  # (b, T), (b, T)
             hidden = self.forward(ids, real)  # (b, T, E)
             weights = real[..., None].astype(np.float32)  # (b, T, 1)
             summed = (hidden * weights).sum(axis=1)  # (b, E)
