@@ -649,3 +649,17 @@ def test_broadcast_batch_dims_too_large_for_memory_are_refused_before_allocating
     out = np.broadcast_to(np.float32(0.0), (8192, 8192, 32, 4))  # a view: no memory
     with pytest.raises(AttnlabError, match="q, k, v: the gradients"):
         flash_attention_backward(q, k, k, out, out[..., 0], out)
+
+
+def test_finfo_min_bias_on_a_huge_negative_score_warns_nothing():
+    # Found by the property test: score -1.7e30 plus finfo.min overflows float32 to
+    # -inf (that key is then blocked, as on the plain path); it used to raise
+    # RuntimeWarning, an error under this suite's settings.
+    q = np.array([[1257.3], [1.0]], dtype=np.float32)
+    k = np.array([[-1.32e29], [1.0]], dtype=np.float32)
+    v = np.array([[1.0], [2.0]], dtype=np.float32)
+    bias = np.array([[np.finfo(np.float32).min, 0.0]] * 2, dtype=np.float32)
+    out, lse = flash_attention(q, k, v, bias=bias, return_lse=True, block_k=1)
+    np.testing.assert_allclose(out, scaled_dot_product_attention(q, k, v, bias=bias), atol=1e-6)
+    grads = flash_attention_backward(q, k, v, out, lse, np.ones_like(out), bias=bias, block_k=1)
+    assert all(np.isfinite(g).all() for g in grads)

@@ -279,7 +279,8 @@ def flash_attention_backward(
         tiles.add_bias(weights, q0, q1, k0, k1)
         if blocked is not None:
             np.copyto(weights, -np.inf, where=blocked)
-        weights -= lse_high[..., q0:q1, :]
+        with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should be
+            weights -= lse_high[..., q0:q1, :]
         weights -= lse_low[..., q0:q1, :]
         return np.exp(weights, out=weights)  # (..., bq, bk) P, recomputed
 
@@ -438,7 +439,8 @@ def _online_softmax(
         tile_max = scores.max(axis=-1, keepdims=True)  # (..., bq, 1)
         ref = _move_reference(tile_max, ref, has_mass, acc)
         if ref is not None:
-            scores -= ref
+            with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should be
+                scores -= ref
         np.exp(scores, out=scores)  # (..., bq, bk) unnormalised weights p
         acc += np.matmul(scores, v_ones[..., k0:k1, :])  # (..., bq, Dv + 1)
         has_mass |= tile_max != -np.inf
@@ -563,7 +565,10 @@ class _Tiles:
 
     def add_bias(self, scores: np.ndarray, q0: int, q1: int, k0: int, k1: int) -> None:
         if self.bias is not None:
-            scores += _tile(self.bias, q0, q1, k0, k1)  # (..., bq, bk)
+            # A huge negative score plus finfo.min overflows to -inf: that key is
+            # blocked, exactly as on the plain path (documented there).
+            with np.errstate(over="ignore"):
+                scores += _tile(self.bias, q0, q1, k0, k1)  # (..., bq, bk)
 
 
 def _count(stats: FlashStats | None, blocked: np.ndarray | None) -> np.ndarray | None:
