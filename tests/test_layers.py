@@ -35,6 +35,7 @@ from attnlab.layers import (
     layer_norm_inplace,
 )
 from attnlab.masks import causal_mask
+from attnlab.multihead import linear
 from attnlab.special import erf, gelu_erf
 
 F64 = {"rtol": 1e-12, "atol": 1e-12}  # float64: reordered O(E) sums, a few ulps
@@ -244,6 +245,18 @@ def test_gelu_erf_with_bias_in_place_equals_the_plain_formula():
         assert (np.abs(fresh - ref) <= 6 * 2.0**-24 * np.maximum(np.abs(h), 1.0)).all()
     grid = np.linspace(-12.0, 12.0, 200_001, dtype=np.float32)
     np.testing.assert_array_equal(gelu(grid), gelu_erf(grid))  # the public op uses it
+
+
+def test_in_place_kernels_refuse_a_non_contiguous_output():
+    """Reshaping a strided array copies it: the result would be silently lost."""
+    strided = np.zeros((4, 6), dtype=np.float32)[:, ::2]  # (4, 3), not C-contiguous
+    with pytest.raises(attnlab.AttnlabError, match="x: expected a C-contiguous array"):
+        layer_norm_inplace(strided, np.ones(3, np.float32), np.zeros(3, np.float32), 1e-5)
+    with pytest.raises(attnlab.AttnlabError, match=r"out: expected a C-contiguous array "
+                                                   r"of x's shape \(4, 3\)"):
+        gelu_erf(np.ones((4, 3), np.float32), out=strided)
+    with pytest.raises(attnlab.AttnlabError, match="out: expected a C-contiguous array"):
+        linear(np.ones((4, 2), np.float32), np.ones((2, 3), np.float32), None, out=strided)
 
 
 # ---------------------------------------------------------------------------- FeedForward

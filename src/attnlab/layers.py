@@ -115,6 +115,8 @@ def layer_norm_inplace(
     NumPy reduction per row (about 4x faster for E = 384); a row whose squares
     overflow takes :func:`layer_norm_stats`' rescaling path, as LayerNorm does.
     """
+    if not x.flags.c_contiguous:  # reshape would copy, and the result be lost
+        raise AttnlabError("x: expected a C-contiguous array to normalise in place")
     E = x.shape[-1]
     rows = x.reshape(-1, E)  # (N, E), a view of x
     with np.errstate(over="ignore", invalid="ignore"):

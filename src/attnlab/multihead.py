@@ -366,6 +366,8 @@ def linear(
     if out is None:
         y = (rows @ w).reshape(*x.shape[:-1], w.shape[1])  # (..., out)
     else:
+        if not out.flags.c_contiguous:  # reshape would copy, and the result be lost
+            raise AttnlabError("out: expected a C-contiguous array")
         y = out
         np.matmul(rows, w, out=out.reshape(rows.shape[0], w.shape[1]))  # (N, out)
     if b is not None:

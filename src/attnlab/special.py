@@ -35,6 +35,8 @@ import math
 
 import numpy as np
 
+from .errors import AttnlabError, shape_str
+
 __all__ = ["erf", "gelu_erf"]
 
 _A = (3.16112374387056560e00, 1.13864154151050156e02, 3.77485237685302021e02,
@@ -152,6 +154,10 @@ def gelu_erf(
         h = x + bias
         return h / 2 * (1 + erf(h / sqrt(2)))
     """
+    if out is not None and not (out.flags.c_contiguous and out.shape == x.shape):
+        raise AttnlabError(f"out: expected a C-contiguous array of x's shape "
+                           f"{shape_str(x.shape)}, got {shape_str(out.shape)}"
+                           + ("" if out.flags.c_contiguous else " (not C-contiguous)"))
     if x.dtype != np.float32 or (bias is not None and bias.dtype != np.float32):
         h = x.astype(np.float64) if bias is None else x + bias
         result = 0.5 * h * (1.0 + erf(h * (1.0 / math.sqrt(2.0))))
