@@ -244,10 +244,9 @@ class BertModel:
 
     def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
         """Token ids (B, T) padded with pad_token_id, attention mask (B, T) of 0/1, tokens."""
-        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise AttnlabError("texts: expected a list of strings, got "
-                               f"{type(texts).__name__}")
-        encodings = self.tokenizer.encode_batch(list(texts))
+        if isinstance(texts, str):
+            raise AttnlabError("texts: expected a list of strings, got str")
+        encodings = self.tokenizer.encode_batch(_text_list(texts))
         ids, real = self._pad([e.ids for e in encodings])
         return ids, real, [list(e.tokens) for e in encodings]
 
@@ -323,14 +322,10 @@ class BertModel:
         about one token, an English word of five letters about one); the result
         is in the input order.
         """
-        if isinstance(texts, str):
-            texts = [texts]
+        texts = [texts] if isinstance(texts, str) else _text_list(texts)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise AttnlabError(f"batch_size: expected a positive integer, got {batch_size!r}")
-        if not all(isinstance(t, str) for t in texts):
-            raise AttnlabError("texts: expected a list of strings, got "
-                               f"{type(texts).__name__}")
-        sequences = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+        sequences = [e.ids for e in self.tokenizer.encode_batch(texts)]
         order = np.argsort([-len(seq) for seq in sequences], kind="stable")
         out = np.zeros((len(texts), self.config.hidden_size), dtype=np.float32)  # (n, E)
         for start in range(0, len(texts), batch_size):
@@ -378,6 +373,15 @@ class BertModel:
         """Attention weights of every layer and head (L, H, T, T), and the tokens."""
         trace = self.run(text)
         return trace.attention(), trace.tokens
+
+
+def _text_list(texts: Any) -> list[str]:
+    """``texts`` as a list of strings, or AttnlabError naming what was passed instead."""
+    iterable = hasattr(texts, "__iter__") and not isinstance(texts, (str, bytes))
+    items = list(texts) if iterable else None  # a generator is read once, here
+    if items is None or not all(isinstance(t, str) for t in items):
+        raise AttnlabError(f"texts: expected a list of strings, got {type(texts).__name__}")
+    return items
 
 
 def _fusable(block: EncoderBlock) -> bool:
