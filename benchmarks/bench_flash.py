@@ -1,6 +1,6 @@
 """NumPy flash attention against torch's fused CPU kernel, and at 65,536 tokens.
 
-Default: ``attnlab.flash.flash_attention`` vs ``torch.nn.functional.scaled_dot_product_attention``
+Default: ``attnlab.flash_attention`` vs ``torch.nn.functional.scaled_dot_product_attention``
 on CPU, float32, B = 1, H = 8, T = S = 4096, D = 64, forward only, the same
 number of threads for both (threadpoolctl limits NumPy's BLAS,
 ``torch.set_num_threads`` limits torch). torch gets 4-D (B, H, T, D) inputs,
@@ -40,7 +40,7 @@ from collections.abc import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from attnlab.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention
+from attnlab.fast.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention
 
 
 def forward_flops(B: int, H: int, T: int, S: int, D: int, causal: bool) -> float:

@@ -10,7 +10,7 @@ measure, over every query row of every trial:
   "scores" the softmax sees), and of ∂L/∂q, for the loss L = Σ out ⊙ G;
 - the share of rows whose ∂L/∂z is below attnlab's vanishing threshold (1e-7).
 
-The gradients come from attnlab's hand-written backward (attnlab.grad.sdpa_backward);
+The gradients come from attnlab's hand-written backward (attnlab.nn.backward.sdpa_backward);
 ∂L/∂z is read as the gradient of a zero additive bias, which enters exactly at z.
 Dv is fixed (64) so that the upstream gradient reaching the weights has the same
 size for every d_k and only the softmax's response changes.
@@ -43,8 +43,8 @@ except ImportError:  # running from a checkout without installing: use ./src
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import attnlab
 
-from attnlab.grad import sdpa_backward
-from attnlab.grad_diagnostics import DEFAULT_VANISH_BELOW
+from attnlab.lens.grad_diagnostics import DEFAULT_VANISH_BELOW
+from attnlab.nn.backward import sdpa_backward
 
 VALUE_DIM = 64
 COLUMNS = [
@@ -126,7 +126,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
         ax.set_title(title)
         ax.legend()
     try:
-        from attnlab.viz import save_figure
+        from attnlab.report.heatmaps import save_figure
     except ImportError:  # pragma: no cover - an older attnlab without viz
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=150)

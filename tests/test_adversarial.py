@@ -247,7 +247,7 @@ HUGE = [
      r"T: the sliding-window mask \(T, S\)"),
     (lambda: at.sliding_window_mask(10**6, 3), r"T: the sliding-window mask \(T, S\)"),
     (lambda: attnlab.block_sparse_mask(10**6, 64), r"T: the block-sparse mask \(T, S\)"),
-    (lambda: attnlab.sparse.bigbird_layout(10**6), r"num_blocks: the block layout \(n, n\)"),
+    (lambda: attnlab.fast.sparse.bigbird_layout(10**6), r"num_blocks: the block layout \(n, n\)"),
     (lambda: attnlab.alibi_bias(8, 10**5), r"num_heads, T: the bias \(H, T, S\)"),
     (lambda: at.alibi_bias(8, 10**5), r"num_heads, T: the bias \(H, T, S\)"),
     (lambda: attnlab.alibi_slopes(10**10), r"num_heads: the slopes \(H,\)"),
@@ -310,7 +310,7 @@ def test_trace_text_takes_the_extreme_precisions():
 
 
 def test_attention_view_reads_a_generator_of_tokens_once():
-    from attnlab.viewer import AttentionView
+    from attnlab.report.viewer import AttentionView
 
     weights = np.full((1, 2, 3, 3), 1 / 3)
     view = AttentionView(weights, (t for t in ["a", "b", "c"]),
@@ -322,7 +322,7 @@ LONE = r"expected text that can be written as UTF-8, got .* with the lone surrog
 
 
 def test_a_lone_surrogate_token_is_named_before_anything_is_written(tmp_path):
-    from attnlab.viewer import AttentionView
+    from attnlab.report.viewer import AttentionView
 
     trace = attnlab.explain()
     trace.tokens = ["a", "caf\udce9", "c"]  # what undecodable bytes become in a str
@@ -338,8 +338,8 @@ def test_a_lone_surrogate_token_is_named_before_anything_is_written(tmp_path):
 
 
 def test_saving_under_a_regular_file_names_the_file(tmp_path):
-    from attnlab.viewer import AttentionView
-    from attnlab.viz import plot_attention, save_figure
+    from attnlab.report.heatmaps import plot_attention, save_figure
+    from attnlab.report.viewer import AttentionView
 
     (tmp_path / "file").write_text("")
     trace = attnlab.explain()
@@ -414,7 +414,7 @@ BROKEN_MODELS = [
 def test_inspect_names_what_is_wrong_in_a_model_folder(tmp_path, capsys, broken, message):
     import time
 
-    from attnlab.cli import main
+    from attnlab.cli.app import main
 
     folder = _model_dir(tmp_path, "model", **broken)
     start = time.perf_counter()
@@ -452,7 +452,7 @@ def test_inspect_runs_text_that_is_not_utf8_replacing_the_bad_bytes(tmp_path):
 
 
 def test_explain_takes_tokens_that_are_not_utf8(capsys):
-    from attnlab.cli import main
+    from attnlab.cli.app import main
 
     code = main(["explain", "--tokens", "caf\udce9 x"])  # sys.argv's form of b"caf\xe9 x"
     out, err = capsys.readouterr()
@@ -471,7 +471,7 @@ def test_explain_takes_tokens_that_are_not_utf8(capsys):
     (";", "--x: row 1 of ';' has an empty row ('')"),
 ])
 def test_explain_refuses_an_empty_field_in_x_instead_of_dropping_it(capsys, spec, message):
-    from attnlab.cli import main
+    from attnlab.cli.app import main
 
     code = main(["explain", "--x", spec])
     out, err = capsys.readouterr()
@@ -483,7 +483,7 @@ def test_explain_refuses_an_empty_field_in_x_instead_of_dropping_it(capsys, spec
 def test_explain_reads_the_inline_matrix_forms(capsys, spec):
     import json
 
-    from attnlab.cli import main
+    from attnlab.cli.app import main
 
     assert main(["explain", "--x", spec, "--format", "json"]) == 0
     trace = json.loads(capsys.readouterr().out)

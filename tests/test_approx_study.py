@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from attnlab import AttnlabError
-from attnlab.approx_study import (
+from attnlab.cli.app import main
+from attnlab.studies.approx import (
     METHODS,
     SCHEMA,
     StudyConfig,
@@ -17,7 +18,6 @@ from attnlab.approx_study import (
     run_study,
     save_study,
 )
-from attnlab.cli import main
 
 TINY = StudyConfig(
     lengths=(48,), head_dim=8, windows=(5, 95), block_sizes=(8,), linformer_k=(8,),

@@ -1,4 +1,4 @@
-"""``attnlab bench`` and attnlab.bench: a tiny configuration end to end, and the tools.
+"""``attnlab bench`` and attnlab.studies.bench: a tiny configuration end to end, and the tools.
 
 Correctness only: files written, JSON schema, table printed, errors, thread settings
 restored, memory probes measuring what they say. No timing is asserted (benchmarks
@@ -12,7 +12,10 @@ import json
 import numpy as np
 import pytest
 
-from attnlab.bench import (
+from attnlab.cli.app import main
+from attnlab.errors import AttnlabError
+from attnlab.nn.decoder import DecoderConfig
+from attnlab.studies.bench import (
     CONTENDERS,
     SCHEMA,
     BenchConfig,
@@ -24,9 +27,6 @@ from attnlab.bench import (
     run_benchmarks,
     thread_limits,
 )
-from attnlab.cli import main
-from attnlab.decoder import DecoderConfig
-from attnlab.errors import AttnlabError
 
 torch = pytest.importorskip("torch")
 threadpoolctl = pytest.importorskip("threadpoolctl")
@@ -222,6 +222,6 @@ def test_out_that_cannot_be_a_folder_fails_before_measuring(capsys, tmp_path):
 
 def test_a_huge_min_time_caps_the_loop_instead_of_overflowing():
     """min_time / (one call's seconds) = inf: math.ceil(inf) was an OverflowError (exit 1)."""
-    from attnlab.bench import _calls_per_sample
+    from attnlab.studies.bench import _calls_per_sample
 
     assert _calls_per_sample(lambda: None, 1e308) == 10_000

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from attnlab.diagnostics import diagnose
-from attnlab.viewer import AttentionView
+from attnlab.lens.diagnostics import diagnose
+from attnlab.report.viewer import AttentionView
 
 CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab.cli import main
+from attnlab.cli.app import main
 
 
 def run(capsys, *args):
@@ -100,7 +100,7 @@ def test_installed_entry_point_runs_without_traceback(tmp_path):
 
 def test_core_imports_numpy_only():
     """The core is NumPy only: torch, matplotlib and the model libraries load lazily."""
-    code = ("import sys, attnlab, attnlab.cli; "
+    code = ("import sys, attnlab, attnlab.cli.app; "
             "heavy = [m for m in ('torch', 'matplotlib', 'safetensors', 'tokenizers', "
             "'transformers') if m in sys.modules]; print(heavy)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -120,7 +120,7 @@ def test_missing_extra_message_names_the_extra(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    from attnlab import viz
+    from attnlab.report import heatmaps as viz
 
     with pytest.raises(ImportError, match=r"pip install 'attnlab\[viz\]'"):
         viz.plot_attention(np.eye(2))
@@ -177,7 +177,7 @@ def test_memory_error_is_a_one_line_usage_error(capsys, monkeypatch):
     def too_big(*args, **kwargs):
         raise MemoryError("Unable to allocate 7.28 TiB for an array")
 
-    monkeypatch.setattr(sys.modules["attnlab.explain"], "explain", too_big)
+    monkeypatch.setattr(sys.modules["attnlab.lens.explain"], "explain", too_big)
     code, out, err = run(capsys, "explain")
     assert code == 2 and err == ("error: not enough memory: Unable to allocate 7.28 TiB for an "
                                  "array; use smaller sizes\n")

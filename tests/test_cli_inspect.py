@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from attnlab.cli import main
+from attnlab.cli.app import main
 from attnlab.models import load_minilm
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnlab.decoder import DecoderBlock, DecoderConfig, Generation, TinyDecoder
 from attnlab.errors import AttnlabError, ShapeError
-from attnlab.kv_cache import KVCache, SlidingWindowKVCache
-from attnlab.multihead import linear
+from attnlab.fast.kv_cache import KVCache, SlidingWindowKVCache
+from attnlab.nn.decoder import DecoderBlock, DecoderConfig, Generation, TinyDecoder
+from attnlab.nn.multihead import linear
 
 LOGIT_TOL = {"float64": {"rtol": 1e-10, "atol": 1e-10}, "float32": {"rtol": 1e-4, "atol": 1e-4}}
 
@@ -190,7 +190,7 @@ def test_bad_config(overrides, message):
 
 
 def test_decoder_block_validation():
-    from attnlab.layers import EncoderBlock
+    from attnlab.nn.layers import EncoderBlock
 
     with pytest.raises(AttnlabError, match="EncoderBlock with norm='pre'"):
         DecoderBlock(EncoderBlock(8, 2, 16, norm="post"))

@@ -1,4 +1,4 @@
-"""attnlab.diagnostics against hand-checkable matrices and independent computations.
+"""attnlab.lens.diagnostics against hand-checkable matrices and independent computations.
 
 scipy is not a dependency: every reference value is computed here by hand (and written
 as a formula), on matrices small enough to check on paper.
@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab.diagnostics import (
+from attnlab.errors import AttnlabError, ShapeError
+from attnlab.lens.diagnostics import (
     NEAR_DUPLICATE_JS,
     Diagnostics,
     diagnose,
     diagnose_trace,
     trace_weights,
 )
-from attnlab.errors import AttnlabError, ShapeError
 
 T = 4
 UNIFORM = np.full((T, T), 1 / T)

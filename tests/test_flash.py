@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 import attnlab.attention
 from attnlab import AttnlabError, ShapeError, causal_mask, scaled_dot_product_attention
 from attnlab.attention import MAX_SCORE_ELEMENTS, _prepare
-from attnlab.flash import (
+from attnlab.fast.flash import (
     DEFAULT_BLOCK_K,
     DEFAULT_BLOCK_Q,
     FlashStats,
@@ -42,7 +42,7 @@ from attnlab.flash import (
     flash_attention_backward,
     merge_partials,
 )
-from attnlab.grad import sdpa_backward
+from attnlab.nn.backward import sdpa_backward
 
 EPS32 = float(np.finfo(np.float32).eps)
 

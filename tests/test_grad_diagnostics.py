@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnlab import AttnlabError, MultiHeadAttention
-from attnlab.grad_diagnostics import (
+from attnlab.lens.grad_diagnostics import (
     DEFAULT_EXPLODE_ABOVE,
     DEFAULT_VANISH_BELOW,
     GradReport,

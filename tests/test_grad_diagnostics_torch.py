@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from attnlab import AttnlabError, MultiHeadAttention  # noqa: E402
-from attnlab.grad_diagnostics import (  # noqa: E402
+from attnlab.lens.grad_diagnostics import (  # noqa: E402
     GradReport,
     grad_norms,
     torch_grad_norms,

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 import attnlab
 from attnlab.errors import AttnlabError, ShapeError
-from attnlab.kv_cache import KVCache, SlidingWindowKVCache
-from attnlab.multihead import MultiHeadAttention, linear, merge_heads
-from attnlab.sparse import sliding_window_mask
+from attnlab.fast.kv_cache import KVCache, SlidingWindowKVCache
+from attnlab.fast.sparse import sliding_window_mask
+from attnlab.nn.multihead import MultiHeadAttention, linear, merge_heads
 
 TOL = {np.float64: {"rtol": 1e-12, "atol": 1e-12}, np.float32: {"rtol": 1e-5, "atol": 1e-5}}
 

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from attnlab.layers import (
+from attnlab.masks import causal_mask
+from attnlab.nn.layers import (
     Dropout,
     EncoderBlock,
     FeedForward,
@@ -34,8 +35,7 @@ from attnlab.layers import (
     gelu,
     layer_norm_inplace,
 )
-from attnlab.masks import causal_mask
-from attnlab.multihead import linear
+from attnlab.nn.multihead import linear
 from attnlab.special import erf, gelu_erf
 
 F64 = {"rtol": 1e-12, "atol": 1e-12}  # float64: reordered O(E) sums, a few ulps

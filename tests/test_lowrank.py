@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from attnlab import AttnlabError, ShapeError, causal_mask, scaled_dot_product_attention, softmax
-from attnlab.lowrank import (
+from attnlab.fast.lowrank import (
     iterative_pinv,
     linformer_attention,
     linformer_projection,

@@ -266,7 +266,7 @@ def test_run_trace_keeps_what_was_asked(model):
     assert trace.attention().shape == (2, 1, len(trace.tokens), len(trace.tokens))
     full = model.run("小明去了学校", keep="all")
     assert {"Q", "K", "V", "scores", "scaled", "weights", "output"} <= {s.key for s in full}
-    # The same printer and exporter as attnlab.explain work on it.
+    # The same printer and exporter as attnlab.lens.explain work on it.
     assert "Attention weights" in trace.to_text() and json.loads(trace.to_json())["tokens"]
 
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 import attnlab
 from attnlab.masks import causal_mask, from_blocked
-from attnlab.multihead import MultiHeadAttention
+from attnlab.nn.multihead import MultiHeadAttention
 
 #: rtol/atol per dtype; the reasons are in the module docstring.
 TOL = {

@@ -1,4 +1,4 @@
-"""attnlab.profile: FLOP formulas, the instrumented forward, and ``attnlab profile``.
+"""attnlab.studies.profile: FLOP formulas, the instrumented forward, and ``attnlab profile``.
 
 No timing is asserted (timings depend on the machine); only that the timed
 forward computes what the model computes, that every part is charged, and
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from attnlab import EncoderBlock
-from attnlab.cli import main
+from attnlab.cli.app import main
 from attnlab.errors import AttnlabError
-from attnlab.profile import (
+from attnlab.studies.profile import (
     BERT_BASE,
     GROUPS,
     PARTS,
@@ -273,10 +273,10 @@ def test_cli_adversarial_options_one_line_exit_2(capsys, argv, fragment):
 
 
 def test_cli_refuses_more_memory_than_the_machine_has(capsys, monkeypatch):
-    import attnlab.cli
+    import attnlab.cli.args
 
     pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1000}  # a 4 MB machine
-    monkeypatch.setattr(attnlab.cli.os, "sysconf", lambda name: pages[name])
+    monkeypatch.setattr(attnlab.cli.args.os, "sysconf", lambda name: pages[name])
     code = main(["profile", "--quick", "--seq-lens", "512"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1

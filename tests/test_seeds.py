@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from attnlab.explain import SEED_000_X
+from attnlab.lens.explain import SEED_000_X
 
 # ---- seed 000, verbatim -------------------------------------------------------
 

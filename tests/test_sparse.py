@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import AttnlabError, ShapeError, causal_mask, scaled_dot_product_attention
-from attnlab.sparse import (
+from attnlab.fast.sparse import (
     bigbird_layout,
     block_sparse_attention,
     block_sparse_mask,

@@ -367,7 +367,7 @@ def test_positional_encoding_matches_numpy_core():
 def core_mha_with_positions(core, x, ctx, *, rope=None, alibi=False, is_causal=False,
                             base=10000.0):
     """The NumPy reference for a module with rope/alibi, written out from the core's pieces."""
-    from attnlab.multihead import merge_heads
+    from attnlab.nn.multihead import merge_heads
     from attnlab.positional import alibi_bias, apply_rope
 
     q, k, v = core.project(x, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)

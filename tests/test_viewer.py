@@ -1,4 +1,4 @@
-"""attnlab.viewer: the page is self-contained, escapes every token, and embeds the data.
+"""attnlab.report.viewer: the page is self-contained, escapes every token, and embeds the data.
 
 These are static checks on the HTML text; tests/test_browser.py runs the page in a real
 browser.
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab.diagnostics import diagnose
 from attnlab.errors import AttnlabError, ShapeError
-from attnlab.viewer import AttentionView, render_html
+from attnlab.lens.diagnostics import diagnose
+from attnlab.report.viewer import AttentionView, render_html
 
 TOKENS = ["[CLS]", "小", "明", "去", "了", "学", "校", "[SEP]"]
 INJECTED = "<img src=x onerror=alert(1)>"

@@ -21,9 +21,9 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from attnlab import fonts  # noqa: E402
 from attnlab.errors import AttnlabError, ShapeError  # noqa: E402
-from attnlab.viz import (  # noqa: E402
+from attnlab.report import fonts  # noqa: E402
+from attnlab.report.heatmaps import (  # noqa: E402
     CJK_FONT_ENV,
     MissingCJKFontWarning,
     find_cjk_font,
@@ -360,7 +360,7 @@ def test_missing_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> 
 def test_plotting_never_imports_pyplot(tmp_path: Path) -> None:
     code = (
         "import sys, numpy as np\n"
-        "from attnlab.viz import plot_attention, plot_head_grid, save_figure\n"
+        "from attnlab.report.heatmaps import plot_attention, plot_head_grid, save_figure\n"
         "fig = plot_attention(np.eye(3), ['小明', '去了', '学校'])\n"
         f"save_figure(fig, {str(tmp_path / 'a.png')!r})\n"
         "plot_head_grid(np.full((2, 2, 2), 0.5))\n"

@@ -10,17 +10,23 @@ through ``bias``. See :mod:`attnlab.masks` to convert the seeds' 0/1 masks.
 """
 
 from .attention import scaled_dot_product_attention, self_attention, softmax
-from .decoder import DecoderConfig, TinyDecoder
 from .errors import AttnlabError, ShapeError
-from .explain import explain, token_embeddings
-from .flash import FlashStats, flash_attention, flash_attention_backward, merge_partials
-from .grad import layer_norm_backward, mha_backward, sdpa_backward, softmax_backward
+from .fast.flash import FlashStats, flash_attention, flash_attention_backward, merge_partials
+from .fast.kv_cache import KVCache, SlidingWindowKVCache
+from .fast.lowrank import linformer_attention, nystrom_attention, performer_attention
+from .fast.sparse import (
+    block_sparse_attention,
+    block_sparse_mask,
+    sliding_window_attention,
+    sliding_window_mask,
+)
 from .init import init_qkv, init_weight, xavier_normal, xavier_uniform
-from .kv_cache import KVCache, SlidingWindowKVCache
-from .layers import Dropout, EncoderBlock, FeedForward, LayerNorm, SelfAttentionLayer, gelu
-from .lowrank import linformer_attention, nystrom_attention, performer_attention
+from .lens.explain import explain, token_embeddings
 from .masks import causal_mask, from_blocked, from_keep, mask_to_bias, padding_mask
-from .multihead import MultiHeadAttention
+from .nn.backward import layer_norm_backward, mha_backward, sdpa_backward, softmax_backward
+from .nn.decoder import DecoderConfig, TinyDecoder
+from .nn.layers import Dropout, EncoderBlock, FeedForward, LayerNorm, SelfAttentionLayer, gelu
+from .nn.multihead import MultiHeadAttention
 from .positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -29,12 +35,6 @@ from .positional import (
     alibi_slopes,
     apply_rope,
     sinusoidal_encoding,
-)
-from .sparse import (
-    block_sparse_attention,
-    block_sparse_mask,
-    sliding_window_attention,
-    sliding_window_mask,
 )
 from .trace import Recorder, Step, Trace
 

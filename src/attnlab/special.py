@@ -148,7 +148,7 @@ def gelu_erf(
     ``out`` (C-contiguous, x's shape and dtype) may be x itself: the feed-forward
     layer applies its bias and activation in place on its own hidden array.
 
-    An unchecked kernel (``attnlab.layers.gelu`` is the checked public op); it
+    An unchecked kernel (``attnlab.nn.layers.gelu`` is the checked public op); it
     equals the plain formula::
 
         h = x + bias

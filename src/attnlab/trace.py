@@ -5,7 +5,7 @@ A :class:`Trace` is a list of :class:`Step` objects (X, Wq, Q, scores, weights,
 head and layer it belongs to. It prints as text in English or Chinese, exports
 to JSON and Markdown, and draws its attention weights as heatmaps.
 
-``attnlab.explain`` produces one; a real model's run can produce the same kind.
+``attnlab.lens.explain`` produces one; a real model's run can produce the same kind.
 """
 
 from __future__ import annotations
@@ -226,8 +226,8 @@ class Trace:
         return stacked  # (L, H, T, S)
 
     def view(self, *, title: str | None = None, lang: Lang = "en") -> Any:
-        """The interactive viewer of these weights (an :class:`attnlab.viewer.AttentionView`)."""
-        from .viewer import AttentionView
+        """The interactive viewer of these weights (a ``report.viewer.AttentionView``)."""
+        from .report.viewer import AttentionView
 
         return AttentionView.from_trace(self, title=title, lang=lang)
 
@@ -340,7 +340,7 @@ class Trace:
 
     def plot(self, *, lang: Lang = "en", title: str | None = None) -> Any:
         """Heatmap of the weights: one head -> a single heatmap, several -> a grid."""
-        from . import viz
+        from .report import heatmaps as viz
 
         weights = self.weights()  # (H, T, S)
         keys = self.key_tokens or self.tokens
@@ -352,7 +352,7 @@ class Trace:
 
     def save(self, out_dir: str | Path, *, lang: Lang = "en") -> list[Path]:
         """Write heatmap.png, heatmap.svg, trace.json and trace.md into ``out_dir``."""
-        from . import viz
+        from .report import heatmaps as viz
 
         _check_lang(lang)
         for name, labels in (("tokens", self.tokens), ("key_tokens", self.key_tokens or [])):

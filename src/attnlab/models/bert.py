@@ -28,8 +28,8 @@ import numpy as np
 
 from ..attention import MAX_SCORE_ELEMENTS
 from ..errors import AttnlabError, ShapeError, missing_extra, shape_str
-from ..layers import EncoderBlock, FeedForward, LayerNorm, layer_norm_inplace
-from ..multihead import MultiHeadAttention, linear
+from ..nn.layers import EncoderBlock, FeedForward, LayerNorm, layer_norm_inplace
+from ..nn.multihead import MultiHeadAttention, linear
 from ..special import gelu_erf
 from ..trace import Recorder, Trace
 
@@ -413,7 +413,7 @@ def fused_encoder(blocks: list[EncoderBlock], x: np.ndarray, mask: np.ndarray | 
     fresh arrays for every intermediate of every block (a fresh multi-megabyte
     array costs a page fault per 4 KiB the first time it is written), bias and
     GELU applied in place, LayerNorm's and the softmax's row sums as BLAS
-    matrix-vector products (:func:`~attnlab.layers.layer_norm_inplace`,
+    matrix-vector products (:func:`~attnlab.nn.layers.layer_norm_inplace`,
     :func:`softmax_by_blocks`), and no re-validation of already-checked arrays
     between blocks. The results agree with the blocks' to float32 rounding.
     """

@@ -46,7 +46,7 @@ from ..errors import (
     check_scale,
     shape_str,
 )
-from ._checks import (
+from .checks import (
     as_bool_tensor,
     as_float_tensor,
     broadcast_batch,

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import layers as np_layers
-from .. import multihead as np_multihead
 from ..errors import AttnlabError
+from ..nn import layers as np_layers
+from ..nn import multihead as np_multihead
 from ..positional import SinusoidalPositionalEncoding
 from .layers import LayerNorm, SelfAttentionLayer
 from .multihead import MultiHeadAttention

@@ -1,4 +1,4 @@
-"""KV caches for causal decoding in PyTorch; behave identically to :mod:`attnlab.kv_cache`.
+"""KV caches for causal decoding in PyTorch; behave identically to :mod:`attnlab.fast.kv_cache`.
 
 Dimension legend: B batch, H query heads, Hkv key/value heads (H a multiple of
 Hkv), T new tokens, S keys attended to, D head dim, Dv value head dim, W window.
@@ -36,8 +36,8 @@ from ..errors import (
     check_scale,
     shape_str,
 )
-from ._checks import as_float_tensor, check_finite
 from .attention import attend, check_tensor_score_range
+from .checks import as_float_tensor, check_finite
 
 __all__ = ["KVCache", "SlidingWindowKVCache", "sliding_window_mask"]
 

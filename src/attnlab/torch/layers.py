@@ -1,6 +1,6 @@
 """The blocks around attention as ``torch.nn`` modules: LayerNorm and seed 001's layer.
 
-Each behaves identically to its NumPy twin in :mod:`attnlab.layers` on the same
+Each behaves identically to its NumPy twin in :mod:`attnlab.nn.layers` on the same
 parameters, which move both ways with ``from_numpy`` / ``to_numpy``. Unlike the
 NumPy layers, the modules start in training mode (torch's convention): call
 ``.eval()`` to turn dropout off.
@@ -19,9 +19,9 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from .. import layers as np_layers
 from ..errors import AttnlabError, ShapeError, check_positive_int, shape_str
-from ._checks import (
+from ..nn import layers as np_layers
+from .checks import (
     check_finite,
     check_flag,
     check_module_dtype,
@@ -29,8 +29,8 @@ from ._checks import (
     check_probability,
     module_input,
 )
-from ._params import to_array, to_param, torch_dtype
 from .multihead import MultiHeadAttention, _Checked
+from .params import to_array, to_param, torch_dtype
 
 __all__ = ["LayerNorm", "SelfAttentionLayer"]
 

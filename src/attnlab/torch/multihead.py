@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import multihead as np_multihead
 from ..errors import (
     AttnlabError,
     ShapeError,
@@ -31,7 +30,9 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
-from ._checks import (
+from ..nn import multihead as np_multihead
+from .attention import attend, check_score_size
+from .checks import (
     as_bool_tensor,
     check_bias_values,
     check_finite,
@@ -42,8 +43,7 @@ from ._checks import (
     check_same_device,
     module_input,
 )
-from ._params import to_array, to_optional_array, to_param, torch_dtype
-from .attention import attend, check_score_size
+from .params import to_array, to_optional_array, to_param, torch_dtype
 from .positional import alibi_bias, rotate
 
 __all__ = ["MultiHeadAttention"]

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..errors import AttnlabError, ShapeError, check_alloc, check_positive_int, shape_str
 from ..positional import SinusoidalPositionalEncoding
-from ._checks import (
+from .checks import (
     as_float_tensor,
     check_finite,
     check_flag,

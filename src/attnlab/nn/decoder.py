@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import (
+from ..errors import (
     AttnlabError,
     ShapeError,
     as_array,
@@ -43,11 +43,11 @@ from .errors import (
     check_positive_int,
     shape_str,
 )
-from .init import RngLike, as_rng, init_weight
-from .kv_cache import KVCache, SlidingWindowKVCache
+from ..fast.kv_cache import KVCache, SlidingWindowKVCache
+from ..fast.sparse import sliding_window_mask
+from ..init import RngLike, as_rng, init_weight
 from .layers import EncoderBlock, FeedForward, LayerNorm
 from .multihead import MultiHeadAttention, linear, merge_heads
-from .sparse import sliding_window_mask
 
 __all__ = ["DecoderConfig", "DecoderBlock", "TinyDecoder", "Generation"]
 

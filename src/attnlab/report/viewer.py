@@ -11,7 +11,7 @@ S key length) and their tokens into a page that opens from disk in any browser:
 - a heatmap of the chosen head (``table#heatmap``, cells ``td.cell[data-row][data-col]``
   with the weight in ``data-value``); hovering a token highlights its row
   (``tr.row-highlight``) or its column (``td.col-highlight``);
-- the :mod:`attnlab.diagnostics` of that head and layer beside it.
+- the :mod:`attnlab.lens.diagnostics` of that head and layer beside it.
 
 Self-contained and safe by construction
 ---------------------------------------
@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .diagnostics import (
+from ..errors import AttnlabError, ShapeError, check_text, make_folder, shape_str
+from ..lens.diagnostics import (
     NEAR_DUPLICATE_JS,
     NEAR_UNIFORM_ENTROPY,
     OVER_SPARSE_ENTROPY,
@@ -61,10 +62,9 @@ from .diagnostics import (
     diagnose,
     trace_weights,
 )
-from .errors import AttnlabError, ShapeError, check_text, make_folder, shape_str
 
 if TYPE_CHECKING:
-    from .trace import Trace
+    from ..trace import Trace
 
 __all__ = ["AttentionView", "render_html"]
 
@@ -542,7 +542,7 @@ def render_html(
         weights: (L, H, T, S) attention weights in [0, 1] (rows sum to 1), or (H, T, S).
         tokens: T query labels (also the key labels when S == T and ``key_tokens`` is None).
         key_tokens: S key labels, for cross-attention.
-        diagnostics: the :class:`~attnlab.diagnostics.Diagnostics` to show; by default
+        diagnostics: the :class:`~attnlab.lens.diagnostics.Diagnostics` to show; by default
             ``diagnose(weights, tokens, key_tokens=key_tokens)``. Pass your own to account
             for padding or a causal mask.
         title: page title (default "Attention viewer" / "注意力查看器").
@@ -573,7 +573,7 @@ def render_html(
         diagnostics = diagnose(w, query_labels, key_tokens=key_labels)
     elif not isinstance(diagnostics, Diagnostics):
         raise AttnlabError(
-            f"diagnostics: expected attnlab.diagnostics.Diagnostics or None, got "
+            f"diagnostics: expected attnlab.lens.diagnostics.Diagnostics or None, got "
             f"{type(diagnostics).__name__}"
         )
     elif diagnostics.shape != w.shape:

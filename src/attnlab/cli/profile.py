@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from .cli import CliError, check_memory, prepare_out_dir
+from .args import CliError, check_memory, prepare_out_dir
 
 MODEL_CHOICES = ("minilm", "bert-base", "tiny")
 DEFAULT_MODELS = "minilm,bert-base"
@@ -77,13 +77,13 @@ def _model_names(text: str) -> list[str]:
 
 def _build_models(names: list[str], longest: int, seed: int) -> tuple[dict[str, Any],
                                                                       dict[str, list[str]]]:
-    from .profile import BERT_BASE, TINY, random_bert
+    from ..studies.profile import BERT_BASE, TINY, random_bert
 
     models: dict[str, Any] = {}
     notes: dict[str, list[str]] = {}
     for name in names:
         if name == "minilm":
-            from .models import load_minilm
+            from ..models import load_minilm
 
             label = "MiniLM-L6 (all-MiniLM-L6-v2, pretrained)"
             models[label] = load_minilm()
@@ -103,8 +103,8 @@ def _build_models(names: list[str], longest: int, seed: int) -> tuple[dict[str, 
 
 def _check_sizes(names: list[str], seq_lens: list[int], batch: int) -> None:
     """Refuse T and batch whose (B, H, T, T) score matrices cannot be held, before any work."""
-    from .attention import MAX_SCORE_ELEMENTS
-    from .profile import BERT_BASE, TINY
+    from ..attention import MAX_SCORE_ELEMENTS
+    from ..studies.profile import BERT_BASE, TINY
 
     heads = max({"minilm": 12, "bert-base": BERT_BASE.num_attention_heads,
                  "tiny": TINY.num_attention_heads}[name] for name in names)
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     _check_sizes(names, seq_lens, batch)
     folder = prepare_out_dir(args.out) if args.out is not None else None
 
-    from .profile import plot_shares, profile
+    from ..studies.profile import plot_shares, profile
 
     models, notes = _build_models(names, max(seq_lens), args.seed)
     report = profile(models, seq_lens, repeats=repeats, threads=threads, batch=batch,
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {path}", file=sys.stderr)
         try:
-            from .viz import save_figure
+            from ..report.heatmaps import save_figure
 
             png = save_figure(plot_shares(report), folder / "profile_shares.png")
             print(f"wrote {png}", file=sys.stderr)

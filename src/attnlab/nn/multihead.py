@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .attention import scaled_dot_product_attention
-from .errors import (
+from ..attention import scaled_dot_product_attention
+from ..errors import (
     AttnlabError,
     ShapeError,
     as_array,
@@ -36,9 +36,9 @@ from .errors import (
     check_positive_int,
     shape_str,
 )
-from .init import as_rng, init_weight
-from .positional import RotaryEmbedding, alibi_bias
-from .trace import Recorder
+from ..init import as_rng, init_weight
+from ..positional import RotaryEmbedding, alibi_bias
+from ..trace import Recorder
 
 __all__ = ["MultiHeadAttention", "linear", "split_heads", "merge_heads"]
 

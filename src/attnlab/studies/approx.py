@@ -25,7 +25,7 @@ A separate *long-sequence* check times causal sliding-window attention
 (W = 256) and the other causal methods against dense causal attention at
 T = 16,384 (float32: a 1 GiB score matrix, computed once).
 
-The library computes and returns; :mod:`attnlab.cli_approx` prints and saves.
+The library computes and returns; :mod:`attnlab.cli.approx` prints and saves.
 Dimension legend: B batch, H heads, T query length, S key length, D head dim.
 """
 
@@ -44,16 +44,16 @@ from typing import Any
 
 import numpy as np
 
-from .attention import MAX_SCORE_ELEMENTS, scaled_dot_product_attention
-from .errors import AttnlabError, check_positive_int, missing_extra
-from .lowrank import (
+from ..attention import MAX_SCORE_ELEMENTS, scaled_dot_product_attention
+from ..errors import AttnlabError, check_positive_int, missing_extra
+from ..fast.lowrank import (
     linformer_attention,
     linformer_projection,
     nystrom_attention,
     orthogonal_random_features,
     performer_attention,
 )
-from .sparse import block_sparse_attention, block_sparse_mask, sliding_window_attention
+from ..fast.sparse import block_sparse_attention, block_sparse_mask, sliding_window_attention
 
 __all__ = [
     "SCHEMA",
@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 #: Version tag of the JSON written by :func:`save_study`.
-SCHEMA = "attnlab.approx_study/1"
+SCHEMA = "attnlab.studies.approx/1"
 
 #: Sentences concatenated for the MiniLM input (written for this study).
 SENTENCES = (
@@ -300,7 +300,7 @@ def capture_minilm_qkv(max_tokens: int = 256) -> tuple[np.ndarray, np.ndarray, n
     real vectors either way.) Needs the ``minilm`` extra.
     """
     max_tokens = check_positive_int(max_tokens, "max_tokens")
-    from .models import load_minilm
+    from ..models import load_minilm
 
     model = load_minilm()
     trace = model.run(" ".join(SENTENCES), keep=("Q", "K", "V"))
@@ -646,7 +646,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def _figure(ncols: int, width: float = 5.0, height: float = 4.2) -> Any:
-    from .viz import _new_figure
+    from ..report.heatmaps import _new_figure
 
     fig = _new_figure((width * ncols, height))
     return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
@@ -718,8 +718,8 @@ def _plot_time_vs_length(result: dict[str, Any]) -> Any:
 
 
 def _plot_patterns() -> Any:
-    from .sparse import sliding_window_mask
-    from .viz import plot_attention
+    from ..fast.sparse import sliding_window_mask
+    from ..report.heatmaps import plot_attention
 
     fig, axes = _figure(3, width=4.6, height=4.4)
     patterns = [
@@ -742,7 +742,7 @@ def save_study(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
     - time_vs_length.png: time against T for every method and knob;
     - patterns.png: the sparse masks, to see what the sparse methods keep.
     """
-    from .viz import save_figure
+    from ..report.heatmaps import save_figure
 
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from .cli import CliError, prepare_out_dir, text_argument
+from .args import CliError, prepare_out_dir, text_argument
 
 DEFAULT_TEXT = "小明去了学校"
 
@@ -58,10 +58,10 @@ def _select(chosen: list[int] | None, count: int, flag: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from .diagnostics import diagnose
-    from .models import load_bert, load_minilm
-    from .viewer import AttentionView
-    from .viz import plot_attention, plot_head_grid, save_figure
+    from ..lens.diagnostics import diagnose
+    from ..models import load_bert, load_minilm
+    from ..report.heatmaps import plot_attention, plot_head_grid, save_figure
+    from ..report.viewer import AttentionView
 
     args.text = text_argument(args.text, "text")
     if not args.text.strip():

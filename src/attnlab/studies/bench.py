@@ -10,14 +10,14 @@ Three sections, each optional:
     ``4·B·H·T·S·D`` FLOPs (two matrix products), half of that when causal;
     and peak extra memory. Contenders: ``numpy_naive``
     (:func:`attnlab.scaled_dot_product_attention`), ``numpy_flash``
-    (:func:`attnlab.flash.flash_attention`), ``torch_naive`` (explicit
+    (:func:`attnlab.fast.flash.flash_attention`), ``torch_naive`` (explicit
     ``softmax(Q Kᵀ · scale) V``), ``torch_sdpa``
     (``torch.nn.functional.scaled_dot_product_attention``) and ``attnlab_torch``
     (:func:`attnlab.torch.scaled_dot_product_attention`). Torch runs under
     ``torch.inference_mode()``. Every contender's output is compared with a
     reference before anything is timed (``max_abs_diff`` in the results).
 ``decode``
-    Latency of one decoding step of :class:`attnlab.decoder.TinyDecoder` at each
+    Latency of one decoding step of :class:`attnlab.nn.decoder.TinyDecoder` at each
     context length, with the KV cache (one new token against S cached ones) and
     without (the whole S + 1 tokens recomputed, which is what uncached
     generation does at every step). The tiny model's step has a fixed cost of
@@ -71,9 +71,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .decoder import DecoderConfig, TinyDecoder
-from .errors import AttnlabError, check_positive_int, missing_extra
-from .kv_cache import KVCache
+from ..errors import AttnlabError, check_positive_int, missing_extra
+from ..fast.kv_cache import KVCache
+from ..nn.decoder import DecoderConfig, TinyDecoder
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -94,7 +94,7 @@ __all__ = [
     "write_report",
 ]
 
-SCHEMA = "attnlab.bench/1"
+SCHEMA = "attnlab.studies.bench/1"
 CONTENDERS = ("numpy_naive", "numpy_flash", "torch_naive", "torch_sdpa", "attnlab_torch")
 SECTIONS = ("attention", "decode", "generate")
 #: Contenders that hold (B, H, T, S) score matrices, skipped above ``max_memory``.
@@ -432,7 +432,7 @@ class BenchResult:
 
 def environment(config: BenchConfig) -> dict[str, Any]:
     """Versions, CPU and thread settings the numbers were measured with."""
-    from . import __version__
+    from .. import __version__
 
     env: dict[str, Any] = {
         "attnlab": __version__, "python": platform.python_version(), "numpy": np.__version__,
@@ -465,14 +465,14 @@ def _contender(
 ) -> Callable[[], Any] | str:
     """A no-argument callable running ``name`` on q, k, v, or why it cannot run."""
     if name == "numpy_naive":
-        from .attention import scaled_dot_product_attention
+        from ..attention import scaled_dot_product_attention
 
         return lambda: scaled_dot_product_attention(q, k, v, is_causal=causal)
     if name == "numpy_flash":
         try:
-            from .flash import flash_attention
+            from ..fast.flash import flash_attention
         except ImportError as exc:
-            return f"unavailable: attnlab.flash ({exc})"
+            return f"unavailable: attnlab.fast.flash ({exc})"
         return lambda: flash_attention(q, k, v, is_causal=causal)
     torch = _torch()
     if torch is None:
@@ -874,7 +874,7 @@ def write_report(result: BenchResult, out_dir: str | os.PathLike[str], *, plots:
     table_path.write_text(format_table(result) + "\n", encoding="utf-8")
     written += [json_path, table_path]
     if plots:
-        from .viz import save_figure
+        from ..report.heatmaps import save_figure
 
         figures: list[tuple[str, Figure]] = []
         if any(r.timing is not None for r in result.attention):

@@ -4,7 +4,7 @@ Seed 001's debugging checklist asks for "stable gradient norms"; this module
 measures them, for a loss the user chooses, on both implementations:
 
 - NumPy: :func:`grad_norms` on an :class:`attnlab.MultiHeadAttention`, from the
-  hand-written backward of :mod:`attnlab.grad`. The loss is given by its gradient
+  hand-written backward of :mod:`attnlab.nn.backward`. The loss is given by its gradient
   at the output, ``dout = ∂L/∂out`` — an array, or a callable ``out -> ∂L/∂out``.
 - PyTorch: :func:`watch_gradients`, a context manager that hooks any
   ``torch.nn.Module`` and removes every hook it added when the block ends, even
@@ -56,9 +56,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import AttnlabError, missing_extra
-from .grad import mha_backward
-from .multihead import MultiHeadAttention
+from ..errors import AttnlabError, missing_extra
+from ..nn.backward import mha_backward
+from ..nn.multihead import MultiHeadAttention
 
 if TYPE_CHECKING:
     import torch

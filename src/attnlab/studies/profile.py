@@ -90,11 +90,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .attention import MAX_SCORE_ELEMENTS, _softmax
-from .errors import AttnlabError, check_positive_int, missing_extra, shape_str
-from .layers import _ACTIVATIONS, EncoderBlock
-from .models.bert import _ACTIVATION, BertConfig, BertModel
-from .multihead import linear, merge_heads
+from ..attention import MAX_SCORE_ELEMENTS, _softmax
+from ..errors import AttnlabError, check_positive_int, missing_extra, shape_str
+from ..models.bert import _ACTIVATION, BertConfig, BertModel
+from ..nn.layers import _ACTIVATIONS, EncoderBlock
+from ..nn.multihead import linear, merge_heads
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -106,7 +106,7 @@ __all__ = [
     "limit_threads", "profile", "plot_shares",
 ]
 
-SCHEMA = "attnlab.profile/1"
+SCHEMA = "attnlab.studies.profile/1"
 
 #: Part -> (group, what it computes), in the order a forward pass runs them.
 PARTS: dict[str, tuple[str, str]] = {
@@ -586,7 +586,7 @@ def profile(
 
 def plot_shares(report: Mapping[str, Any]) -> Figure:
     """Share vs T, one panel per model: FLOP-share curves, measured time shares as dots."""
-    from .viz import _new_figure, _require_matplotlib
+    from ..report.heatmaps import _new_figure, _require_matplotlib
 
     _require_matplotlib()
     models = report["models"]

@@ -1,36 +1,27 @@
-"""The ``attnlab`` command line.
+"""Argument parsers and checks shared by the commands: matrices, text, output folders, memory.
 
-    attnlab explain                       # seed 000's example, every step printed
-    attnlab explain --tokens "小明 去了 学校" --heads 2 --causal --lang zh --out demo/
-
-Bad input ends with a one-line error on stderr and exit status 2, never a traceback.
+Each raises :class:`CliError`, which :func:`attnlab.cli.main` prints as one line
+(exit status 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from .errors import AttnlabError
-
-EXIT_USAGE = 2
-EXIT_INTERNAL = 1
 
 
 class CliError(Exception):
     """A user-facing error of the command line (printed in one line)."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse's own errors: one line, exit 2
         raise CliError(f"{self.prog}: {message}")
 
@@ -151,46 +142,3 @@ def check_memory(nbytes: float, flag: str, what: str) -> None:
     if total > 0 and nbytes > total:
         raise CliError(f"{flag}: {what} needs about {nbytes / 2**30:,.1f} GiB, more than this "
                        f"machine's {total / 2**30:,.1f} GiB of memory; use smaller sizes")
-
-
-#: Sub-commands: each module ``attnlab.cli_<name>`` has ``add_parser(sub)`` and
-#: ``run(args) -> int``. A command's heavy imports happen inside its ``run``.
-COMMANDS = ("explain", "inspect", "profile", "approx", "bench")
-
-
-def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="attnlab", description="Self-attention from scratch, step by step.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMANDS:
-        importlib.import_module(f"attnlab.cli_{name}").add_parser(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    try:
-        parser = _build_parser()
-        args = parser.parse_args(argv)
-        if args.command is None:
-            parser.print_help()
-            return EXIT_USAGE
-        return int(importlib.import_module(f"attnlab.cli_{args.command}").run(args))
-    except (CliError, AttnlabError) as exc:
-        print(f"error: {exc}".replace("\n", " "), file=sys.stderr)
-        return EXIT_USAGE
-    except ImportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as exc:
-        print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
-        return EXIT_USAGE
-    except MemoryError as exc:  # an allocation far beyond this machine: say which, in one line
-        detail = str(exc) or "an array did not fit in memory"
-        print(f"error: not enough memory: {detail}; use smaller sizes", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # never a traceback: say what broke, in one line
-        print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_INTERNAL
-

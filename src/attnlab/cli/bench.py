@@ -16,7 +16,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from .cli import CliError, prepare_out_dir
+from .args import CliError, prepare_out_dir
 
 DEFAULT_OUT = "attnlab-bench"
 
@@ -93,7 +93,7 @@ def _name_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, .
 
 def build_config(args: argparse.Namespace) -> Any:
     """The BenchConfig the options describe (quick or full defaults, then overrides)."""
-    from .bench import CONTENDERS, SECTIONS, BenchConfig
+    from ..studies.bench import CONTENDERS, SECTIONS, BenchConfig
 
     overrides: dict[str, Any] = {}
     for option in ("threads", "repeats", "min_time", "seed", "batch", "heads", "head_dim",
@@ -154,7 +154,7 @@ class _ProgressBar:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .bench import format_table, run_benchmarks, write_report
+    from ..studies.bench import format_table, run_benchmarks, write_report
 
     config = build_config(args)
     prepare_out_dir(args.out)  # now, not after minutes of measuring

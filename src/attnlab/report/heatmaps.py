@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .errors import (
+from ..errors import (
     AttnlabError,
     ShapeError,
     as_float_array,

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .attention import _prepare, _softmax
-from .errors import (
+from ..attention import _prepare, _softmax
+from ..errors import (
     AttnlabError,
     ShapeError,
     as_float_array,
@@ -31,8 +31,8 @@ from .errors import (
     check_text,
     shape_str,
 )
-from .init import as_rng, init_weight
-from .trace import Step, Trace
+from ..init import as_rng, init_weight
+from ..trace import Step, Trace
 
 __all__ = ["explain", "SEED_000_X", "token_embeddings"]
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .cli import CliError, parse_matrix, prepare_out_dir, text_argument
+from .args import CliError, parse_matrix, prepare_out_dir, text_argument
 
 #: explain prints every matrix; past this many numbers the text is unreadable and
 #: slow (500 tokens × 8 features is ~0.8 million numbers, ~4 s).
@@ -41,7 +41,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .explain import explain
+    from ..lens.explain import explain
 
     tokens = text_argument(args.tokens, "--tokens").split() if args.tokens is not None else None
     if tokens is not None and not tokens:

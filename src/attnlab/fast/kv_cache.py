@@ -27,7 +27,7 @@ following plain computation over the whole sequence (tested to float precision):
 
 Sliding window (Mistral). **W is the number of keys a query sees, including
 itself**: the query at position p attends to keys ``max(0, p - W + 1) .. p``
-(:func:`attnlab.sparse.sliding_window_mask`; FlashAttention's ``window_size=(W - 1, 0)``).
+(:func:`attnlab.fast.sparse.sliding_window_mask`; FlashAttention's ``window_size=(W - 1, 0)``).
 With W = 1 a token sees only itself; with W ≥ the sequence length the window
 changes nothing. Some implementations build their mask as ``j >= p - W``
 (W + 1 keys) while keeping a W-slot buffer, so the mask and the cache disagree
@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from .attention import _softmax, abs_max, check_score_range
-from .errors import (
+from ..attention import _softmax, abs_max, check_score_range
+from ..errors import (
     AttnlabError,
     ShapeError,
     as_float_array,
@@ -335,7 +335,7 @@ class SlidingWindowKVCache(_CacheBase):
 
     **W = the number of keys each query sees, including itself**: the query at
     position p attends to keys ``max(0, p - W + 1) .. p``, the band of
-    :func:`attnlab.sparse.sliding_window_mask`. After any append the buffer holds exactly the
+    :func:`attnlab.fast.sparse.sliding_window_mask`. After any append the buffer holds exactly the
     last ``min(length, W)`` positions.
 
     A single new token is written first and then attends over the W slots

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import AttnlabError, missing_extra
+from ..errors import AttnlabError, missing_extra
 
 __all__ = ["CJK_FONT_ENV", "MissingCJKFontWarning", "find_cjk_font", "font_context"]
 

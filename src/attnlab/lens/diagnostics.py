@@ -4,7 +4,7 @@ Seed 001 says a healthy attention layer has weights that are *neither uniform no
 over-sparse* and heads that learn *different* patterns. :func:`diagnose` turns that
 into numbers for any weights tensor ``(L, H, T, S)`` (L layers, H heads, T query
 length, S key length; ``(H, T, S)`` is read as one layer), whatever produced it:
-:func:`attnlab.explain`, a pretrained model, or another library's
+:func:`attnlab.lens.explain`, a pretrained model, or another library's
 ``output_attentions``.
 
 Per head (every number is a mean over the head's counted query rows):
@@ -86,7 +86,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .errors import (
+from ..errors import (
     AttnlabError,
     ShapeError,
     as_bool_mask,
@@ -96,7 +96,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .trace import Trace
+    from ..trace import Trace
 
 __all__ = [
     "NEAR_UNIFORM_ENTROPY",

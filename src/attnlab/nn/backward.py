@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .attention import _prepare, check_axis, scaled_dot_product_attention
-from .errors import AttnlabError, ShapeError, as_float_array, shape_str
+from ..attention import _prepare, check_axis, scaled_dot_product_attention
+from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
 from .layers import LayerNorm, layer_norm_stats
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 

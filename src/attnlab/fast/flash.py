@@ -39,8 +39,8 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from .attention import _prepare
-from .errors import (
+from ..attention import _prepare
+from ..errors import (
     AttnlabError,
     ShapeError,
     as_float_array,
@@ -49,7 +49,7 @@ from .errors import (
     check_positive_int,
     shape_str,
 )
-from .grad import _sum_to_shape, _upstream
+from ..nn.backward import _sum_to_shape, _upstream
 
 __all__ = [
     "DEFAULT_BLOCK_K",
@@ -235,7 +235,7 @@ def flash_attention_backward(
 
     No (T, S) matrix is stored: as in FlashAttention-2, each tile's weights are
     rebuilt from the scores and ``lse``. Equivalent to the plain backward
-    :func:`attnlab.grad.sdpa_backward` (``dbias`` is not computed: bias is
+    :func:`attnlab.nn.backward.sdpa_backward` (``dbias`` is not computed: bias is
     treated as a constant)::
 
         P     = exp(q kᵀ · scale + bias - lse), 0 where not allowed     (..., T, S)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .cli import CliError, check_memory, prepare_out_dir
+from .args import CliError, check_memory, prepare_out_dir
 
 
 def _lengths(text: str) -> tuple[int, ...]:
@@ -54,7 +54,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .approx_study import StudyConfig, format_table, run_study, save_study
+    from ..studies.approx import StudyConfig, format_table, run_study, save_study
 
     changes: dict[str, Any] = {"seed": args.seed, "minilm": not args.no_minilm}
     if args.threads < 0:

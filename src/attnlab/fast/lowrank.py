@@ -1,7 +1,7 @@
 """Low-rank and kernel approximations of attention: Linformer, Nyström, Performer.
 
-Unlike :mod:`attnlab.sparse`, these are *approximations*: they do not equal
-softmax attention for any mask, and :mod:`attnlab.approx_study` measures by how
+Unlike :mod:`attnlab.fast.sparse`, these are *approximations*: they do not equal
+softmax attention for any mask, and :mod:`attnlab.studies.approx` measures by how
 much they miss it. Each is exact in one limiting case, which the tests check:
 
 - Linformer with E = F = identity (k = S) is plain attention;
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .attention import _softmax, scaled_dot_product_attention
-from .errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
+from ..attention import _softmax, scaled_dot_product_attention
+from ..errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
 from .sparse import _check_bool, _prepare_key_padding, _prepare_qkv
 
 __all__ = [

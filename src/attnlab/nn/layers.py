@@ -26,11 +26,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
-from .init import as_rng, init_weight
+from ..errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
+from ..init import as_rng, init_weight
+from ..special import gelu_erf
+from ..trace import Recorder
 from .multihead import MultiHeadAttention, linear
-from .special import gelu_erf
-from .trace import Recorder
 
 __all__ = ["LayerNorm", "Dropout", "FeedForward", "SelfAttentionLayer", "EncoderBlock", "gelu",
            "layer_norm_stats", "layer_norm_inplace"]

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .attention import _prepare, _softmax
-from .errors import (
+from ..attention import _prepare, _softmax
+from ..errors import (
     AttnlabError,
     ShapeError,
     as_array,

@@ -1,0 +1,69 @@
+"""The ``attnlab`` command line.
+
+    attnlab explain                       # seed 000's example, every step printed
+    attnlab explain --tokens "小明 去了 学校" --heads 2 --causal --lang zh --out demo/
+
+Bad input ends with a one-line error on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from ..errors import AttnlabError
+from . import approx, bench, explain, inspect, profile
+from .args import CliError, Parser
+
+EXIT_USAGE = 2
+EXIT_INTERNAL = 1
+
+
+#: The command table: name -> module with ``add_parser(sub)`` and ``run(args) -> int``.
+#: Each command's heavy imports happen inside its ``run``.
+COMMANDS = {
+    "explain": explain,
+    "inspect": inspect,
+    "profile": profile,
+    "approx": approx,
+    "bench": bench,
+}
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="attnlab", description="Self-attention from scratch, step by step.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for command in COMMANDS.values():
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    try:
+        parser = _build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        return int(COMMANDS[args.command].run(args))
+    except (CliError, AttnlabError) as exc:
+        print(f"error: {exc}".replace("\n", " "), file=sys.stderr)
+        return EXIT_USAGE
+    except ImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return EXIT_USAGE
+    except MemoryError as exc:  # an allocation far beyond this machine: say which, in one line
+        detail = str(exc) or "an array did not fit in memory"
+        print(f"error: not enough memory: {detail}; use smaller sizes", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # never a traceback: say what broke, in one line
+        print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_INTERNAL
+
