@@ -366,7 +366,7 @@ def test_plotting_never_imports_pyplot(tmp_path: Path) -> None:
         "plot_head_grid(np.full((2, 2, 2), 0.5))\n"
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot was imported'\n"
     )
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("MPLBACKEND", None)
     result = subprocess.run(
