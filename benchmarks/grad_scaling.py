@@ -44,7 +44,7 @@ except ImportError:  # running from a checkout without installing: use ./src
     import attnlab
 
 from attnlab.lens.grad_diagnostics import DEFAULT_VANISH_BELOW
-from attnlab.nn.backward import sdpa_backward
+from attnlab.backward import sdpa_backward
 
 VALUE_DIM = 64
 COLUMNS = [

@@ -10,6 +10,7 @@ through ``bias``. See :mod:`attnlab.masks` to convert the seeds' 0/1 masks.
 """
 
 from .attention import scaled_dot_product_attention, self_attention, softmax
+from .backward import sdpa_backward, softmax_backward
 from .errors import AttnlabError, ShapeError
 from .fast.flash import FlashStats, flash_attention, flash_attention_backward, merge_partials
 from .fast.kv_cache import KVCache, SlidingWindowKVCache
@@ -23,7 +24,7 @@ from .fast.sparse import (
 from .init import init_qkv, init_weight, xavier_normal, xavier_uniform
 from .lens.explain import explain, token_embeddings
 from .masks import causal_mask, from_blocked, from_keep, mask_to_bias, padding_mask
-from .nn.backward import layer_norm_backward, mha_backward, sdpa_backward, softmax_backward
+from .nn.backward import layer_norm_backward, mha_backward
 from .nn.decoder import DecoderConfig, TinyDecoder
 from .nn.layers import Dropout, EncoderBlock, FeedForward, LayerNorm, SelfAttentionLayer, gelu
 from .nn.multihead import MultiHeadAttention

@@ -346,12 +346,12 @@ def test_flash_attn_local(seqlen_q, seqlen_k, window_size, causal):
         W, sym = left + 1, False
     else:
         W, sym = 2 * left + 1, True
-    mask = attnlab.sliding_window_mask(seqlen_q, W, causal=not sym, S=seqlen_k)
+    mask = attnlab.sliding_window_mask(seqlen_q, W, is_causal=not sym, S=seqlen_k)
     plain, flash = attnlab_paths(q, k, v, mask)
     assert_close(plain, out_ref, atol=F64_TOL, what="plain + sliding_window_mask")
     assert_close(flash, out_ref, atol=F64_TOL, what="flash + sliding_window_mask")
     qh, kh, vh = (np.swapaxes(a, 1, 2) for a in (q, k, v))
-    sw = attnlab.sliding_window_attention(qh, kh, vh, W, causal=not sym)
+    sw = attnlab.sliding_window_attention(qh, kh, vh, W, is_causal=not sym)
     assert_close(np.swapaxes(sw, 1, 2), out_ref, atol=F64_TOL, what="sliding_window_attention")
 
 
@@ -602,7 +602,7 @@ def test_flash_attn_varlen_qkvpacked_local(window_size, causal, mode):
     left, right = window_size
     W, sym = (left + 1, False) if causal or right == 0 else (2 * left + 1, True)
     qh, kh, vh = (np.swapaxes(a, 1, 2) for a in (q, k, v))
-    out = attnlab.sliding_window_attention(qh, kh, vh, W, causal=not sym,
+    out = attnlab.sliding_window_attention(qh, kh, vh, W, is_causal=not sym,
                                            key_padding=pad[:, None, :])
     out = np.swapaxes(out, 1, 2)
     assert_close(out[pad], out_ref[pad], atol=F64_TOL, what="real query rows")

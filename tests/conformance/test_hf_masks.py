@@ -25,7 +25,7 @@ Convention map (transformers -> attnlab):
 - bidirectional sliding window (|p - kv| <= w): attnlab's symmetric window of
   W = 2w + 1 (``causal=False``).
 - chunked attention (Llama 4, chunk C, counted from the first real token):
-  attnlab's ``block_sparse_mask(n, C, layout=eye, causal=True)`` on the
+  attnlab's ``block_sparse_mask(n, C, layout=eye, is_causal=True)`` on the
   unpadded part of each sequence.
 - packed sequences (position_ids restarting at 0): causal within each
   sequence: ``causal_mask(T) & (seq_id[:, None] == seq_id[None, :])``.
@@ -231,7 +231,7 @@ def test_2d_to_4d_causal(q_len, additional):
 # sliding_window_causal_mask_function, its docstring's sliding_window=3 example, and
 # create_sliding_window_causal_mask): the window of W keys ending at the query itself,
 # with past tokens (q_offset = past_key_values_length), is attnlab's
-# sliding_window_mask(T, W, causal=True, S=S) and attnlab.torch's sliding_window_mask.
+# sliding_window_mask(T, W, is_causal=True, S=S) and attnlab.torch's sliding_window_mask.
 
 @pytest.mark.parametrize("T,past", [(6, 0), (1, 9), (4, 5)])
 @pytest.mark.parametrize("window", [1, 2, 3, 5])
@@ -240,7 +240,7 @@ def test_sliding_window_mask_new_convention(window, T, past):
     hf = mu.sdpa_mask(batch_size=1, q_length=T, kv_length=S, q_offset=past,
                       mask_function=mu.sliding_window_causal_mask_function(window),
                       allow_is_causal_skip=False)[0, 0].numpy()
-    ours = attnlab.sliding_window_mask(T, window, causal=True, S=S)
+    ours = attnlab.sliding_window_mask(T, window, is_causal=True, S=S)
     assert np.array_equal(hf, ours)
     assert np.array_equal(at.sliding_window_mask(T, window, S=S).numpy(), hf)
     assert int(hf[-1].sum()) == min(window, S)  # W keys, the query itself included
@@ -262,9 +262,9 @@ def test_sliding_window_mask_new_convention(window, T, past):
 def test_sliding_window_mask_old_convention(window, q_len):
     kv_len = 7
     old = old_causal_4d(1, q_len, kv_len, np.float32, sliding_window=window)[0, 0] == 0
-    assert np.array_equal(old, attnlab.sliding_window_mask(q_len, window + 1, causal=True,
+    assert np.array_equal(old, attnlab.sliding_window_mask(q_len, window + 1, is_causal=True,
                                                            S=kv_len))
-    new = attnlab.sliding_window_mask(q_len, window, causal=True, S=kv_len)
+    new = attnlab.sliding_window_mask(q_len, window, is_causal=True, S=kv_len)
     assert int(old[-1].sum()) == int(new[-1].sum()) + 1  # the last query: one key more
     am = np.ones((2, kv_len), dtype=np.int64)
     am[1, 0] = 0
@@ -294,7 +294,7 @@ def test_sliding_window_cache_decoding(window, T, impl):
                                 torch.from_numpy(v[:, :, past:]), 0)
     kept = keys.shape[2]
     assert np.array_equal(keys.numpy(), k[:, :, past + T - kept:])  # the last tokens
-    ours = attnlab.sliding_window_mask(T, window, causal=True, S=past + T)[:, -kept:]
+    ours = attnlab.sliding_window_mask(T, window, is_causal=True, S=past + T)[:, -kept:]
     assert np.array_equal(hf_mask[0, 0] == 0, ours)
     ref = hf_eager(q[:, :, past:], keys.numpy(), values.numpy(), hf_mask)
     if impl == "numpy":
@@ -314,7 +314,7 @@ def test_sliding_window_cache_decoding(window, T, impl):
 # huggingface/transformers:tests/utils/test_masking_utils.py::MaskTest::
 #     test_chunked_mask_with_left_padding_and_large_prefill
 # attention_chunk_size C, 8 tokens, the first sequence left-padded by 4: chunks count from
-# the first real token. attnlab: block_sparse_mask(n, C, layout=eye, causal=True) on the
+# the first real token. attnlab: block_sparse_mask(n, C, layout=eye, is_causal=True) on the
 # unpadded part of each sequence; block_sparse_attention on the unpadded sequence equals
 # transformers' eager attention through its chunked mask.
 
@@ -332,7 +332,7 @@ def test_chunked_mask_with_left_padding(chunk):
         blocks = -(-n // chunk)
         ours = np.zeros((T, T), dtype=bool)
         ours[p:, p:] = attnlab.block_sparse_mask(n, chunk, layout=np.eye(blocks, dtype=bool),
-                                                 causal=True)
+                                                 is_causal=True)
         assert np.array_equal(hf[b], ours)
     cfg_eager = _config(attn="eager", attention_chunk_size=chunk)
     eager = mu.create_chunked_causal_mask(config=cfg_eager, inputs_embeds=_embeds(1, T),
@@ -340,7 +340,7 @@ def test_chunked_mask_with_left_padding(chunk):
     q, k, v = _qkv(chunk, 1, T, T)
     ref = hf_eager(q, k, v, eager)
     out = attnlab.block_sparse_attention(q, k, v, chunk, layout=np.eye(-(-T // chunk),
-                                                                       dtype=bool), causal=True)
+                                                                       dtype=bool), is_causal=True)
     assert_close(out, ref, atol=_f32_tol(ref), what="block_sparse_attention")
 
 
@@ -355,13 +355,13 @@ def test_bidirectional_sliding_window(w):
     hf = mu.sdpa_mask(batch_size=1, q_length=T, kv_length=T,
                       mask_function=mu.sliding_window_bidirectional_mask_function(w),
                       allow_is_causal_skip=False)[0, 0].numpy()
-    assert np.array_equal(hf, attnlab.sliding_window_mask(T, 2 * w + 1, causal=False))
+    assert np.array_equal(hf, attnlab.sliding_window_mask(T, 2 * w + 1, is_causal=False))
     eager = mu.eager_mask(batch_size=1, q_length=T, kv_length=T,
                           mask_function=mu.sliding_window_bidirectional_mask_function(w),
                           dtype=torch.float32).numpy()
     q, k, v = _qkv(w, 1, T, T)
     ref = hf_eager(q, k, v, eager)
-    out = attnlab.sliding_window_attention(q, k, v, 2 * w + 1, causal=False)
+    out = attnlab.sliding_window_attention(q, k, v, 2 * w + 1, is_causal=False)
     assert_close(out, ref, atol=_f32_tol(ref), what="sliding_window_attention")
 
 

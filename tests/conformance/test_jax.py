@@ -286,7 +286,7 @@ def test_dot_product_attention_mask(mask_mode, impl):
         allowed = allowed & (rows & attnlab.padding_mask(np.arange(S)[None, :]
                                                          < kv_seqlen[:, None])[:, 0])[:, None]
     if window is not None:
-        allowed = allowed & attnlab.sliding_window_mask(T, 4, causal=True)
+        allowed = allowed & attnlab.sliding_window_mask(T, 4, is_causal=True)
     q5, k5, v5 = to_attnlab(q, k, v)
     g5 = to_attnlab(grad, k, v)[0]
     m5 = grouped(allowed, N)
@@ -450,10 +450,10 @@ def test_local_window_size(window, is_causal, impl):
         W, causal = 2 * left + 1, False
     qh, kh, vh = (np.transpose(a, (0, 2, 1, 3)) for a in (q, k, v))
     if impl == "sliding_window_attention":
-        out = attnlab.sliding_window_attention(qh, kh, vh, W, causal=causal)
+        out = attnlab.sliding_window_attention(qh, kh, vh, W, is_causal=causal)
     else:
         out = attnlab.scaled_dot_product_attention(
-            qh, kh, vh, attnlab.sliding_window_mask(T, W, causal=causal))
+            qh, kh, vh, attnlab.sliding_window_mask(T, W, is_causal=causal))
     assert_close(np.swapaxes(out, 1, 2), out_ref, atol=F64_TOL, what=impl)
 
 

@@ -404,7 +404,7 @@ def test_all_minus_inf_mask_safe_softmax(impl):
 # A float mask of -inf above the diagonal and below diagonal -10 (triu(1) + tril(-10)) at
 # T = S = 600, 2 heads, D = 8, float32. In attnlab: bias with -inf entries, or the bool
 # band it encodes, which is attnlab's causal sliding window of W = 10 keys (itself
-# included): sliding_window_mask(600, 10, causal=True), and sliding_window_attention.
+# included): sliding_window_mask(600, 10, is_causal=True), and sliding_window_attention.
 
 @pytest.mark.parametrize("impl", ["numpy_bias", "numpy_mask", "flash_bias",
                                   "sliding_window", "torch_bias"])
@@ -414,7 +414,7 @@ def test_sdpa_with_inf_band(impl):
     g = _gen(127055)
     q, k, v = (torch.randn(1, 2, 600, 8, generator=g) for _ in range(3))
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=band)
-    window = attnlab.sliding_window_mask(600, 10, causal=True)
+    window = attnlab.sliding_window_mask(600, 10, is_causal=True)
     assert np.array_equal(window, _np(band) == 0)  # the band is exactly the W = 10 window
     if impl == "numpy_bias":
         actual = attnlab.scaled_dot_product_attention(_np(q), _np(k), _np(v), bias=_np(band))
@@ -424,7 +424,7 @@ def test_sdpa_with_inf_band(impl):
         actual = attnlab.flash_attention(_np(q), _np(k), _np(v), bias=_np(band),
                                          block_q=64, block_k=128)
     elif impl == "sliding_window":
-        actual = attnlab.sliding_window_attention(_np(q), _np(k), _np(v), 10, causal=True)
+        actual = attnlab.sliding_window_attention(_np(q), _np(k), _np(v), 10, is_causal=True)
     else:
         actual = _np(at.scaled_dot_product_attention(q, k, v, bias=band))
     assert_close(actual, _np(expected), atol=_tol(torch.float32, expected), what=impl)

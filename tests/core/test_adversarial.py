@@ -243,7 +243,7 @@ HUGE = [
     (lambda: attnlab.causal_mask(10**6), r"T: the causal mask \(T, S\) = \(1000000, 1000000\)"),
     (lambda: attnlab.causal_mask(3, 10**10), r"T, S: the causal mask \(T, S\)"),
     (lambda: at.causal_mask(10**6), r"T: the causal mask \(T, S\)"),
-    (lambda: attnlab.sliding_window_mask(10**6, 3, causal=True),
+    (lambda: attnlab.sliding_window_mask(10**6, 3, is_causal=True),
      r"T: the sliding-window mask \(T, S\)"),
     (lambda: at.sliding_window_mask(10**6, 3), r"T: the sliding-window mask \(T, S\)"),
     (lambda: attnlab.block_sparse_mask(10**6, 64), r"T: the block-sparse mask \(T, S\)"),
@@ -548,7 +548,7 @@ def test_an_error_about_an_array_stays_on_one_line():
     (lambda: attnlab.apply_rope(np.ones((2, 4)), positions=[[0, 1], [2]]), "positions"),
     (lambda: attnlab.apply_rope(np.ones((2, 4)), positions=torch.ones(2, requires_grad=True)),
      "positions"),
-    (lambda: attnlab.sliding_window_mask(4, 3, causal=True, global_tokens=[[0], [1, 2]]),
+    (lambda: attnlab.sliding_window_mask(4, 3, is_causal=True, global_tokens=[[0], [1, 2]]),
      "global_tokens"),
     (lambda: attnlab.TinyDecoder(attnlab.DecoderConfig(vocab_size=16, d_model=8, num_heads=2))
      .generate([[1, 2], [3]], 2), "prompt_ids"),
@@ -583,9 +583,9 @@ def test_more_huge_sizes_are_refused_before_allocating(call, message):
 @pytest.mark.parametrize("flag", [True, np.bool_(False)])
 def test_sliding_window_takes_a_0d_key_padding(flag):
     x = np.random.default_rng(0).standard_normal((2, 5, 4))
-    out = attnlab.sliding_window_attention(x, x, x, 3, causal=True, key_padding=flag)
+    out = attnlab.sliding_window_attention(x, x, x, 3, is_causal=True, key_padding=flag)
     plain = attnlab.scaled_dot_product_attention(
-        x, x, x, attnlab.sliding_window_mask(5, 3, causal=True) & flag)
+        x, x, x, attnlab.sliding_window_mask(5, 3, is_causal=True) & flag)
     np.testing.assert_allclose(out, plain, rtol=1e-12, atol=1e-12)  # float64, chunked vs plain
 
 

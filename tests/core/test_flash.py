@@ -31,9 +31,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import attnlab.attention
+import attnlab.kernel
 from attnlab import AttnlabError, ShapeError, causal_mask, scaled_dot_product_attention
-from attnlab.attention import MAX_SCORE_ELEMENTS, _prepare
+from attnlab.backward import sdpa_backward
 from attnlab.fast.flash import (
     DEFAULT_BLOCK_K,
     DEFAULT_BLOCK_Q,
@@ -42,7 +42,7 @@ from attnlab.fast.flash import (
     flash_attention_backward,
     merge_partials,
 )
-from attnlab.nn.backward import sdpa_backward
+from attnlab.kernel import MAX_SCORE_ELEMENTS, check_inputs
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -410,9 +410,9 @@ def test_plain_path_refuses_a_huge_score_matrix_and_suggests_flash():
     with pytest.raises(AttnlabError, match="flash"):
         sdpa_backward(q, q, q, q)
     # Flash's own checks accept the same inputs (it never builds the matrix).
-    q_arr, k_arr, v_arr, allowed, *_ = _prepare(q, q, q, None, None, True, None, tiled=True)
-    assert allowed is None  # no dense causal mask either: flash applies it per tile
-    assert q_arr.shape == (T, 1)
+    inputs = check_inputs(q, q, q, is_causal=True, tiled=True)
+    assert inputs.allowed is None  # no dense causal mask either: flash applies it per tile
+    assert inputs.q.shape == (T, 1) and inputs.is_causal
 
 
 def test_flash_computes_what_the_plain_path_refuses(monkeypatch):
@@ -420,7 +420,7 @@ def test_flash_computes_what_the_plain_path_refuses(monkeypatch):
     q, k, v = rng.standard_normal((2, 96, 8)), rng.standard_normal((2, 80, 8)), \
         rng.standard_normal((2, 80, 3))
     expected = scaled_dot_product_attention(q, k, v, is_causal=True)
-    monkeypatch.setattr(attnlab.attention, "MAX_SCORE_ELEMENTS", 1000)  # 2·96·80 is over
+    monkeypatch.setattr(attnlab.kernel, "MAX_SCORE_ELEMENTS", 1000)  # 2·96·80 is over
     with pytest.raises(AttnlabError, match="MAX_SCORE_ELEMENTS"):
         scaled_dot_product_attention(q, k, v, is_causal=True)
     np.testing.assert_allclose(flash_attention(q, k, v, is_causal=True, block_q=32,

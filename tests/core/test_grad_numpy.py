@@ -20,8 +20,9 @@ import pytest
 
 from attnlab import LayerNorm, MultiHeadAttention, ShapeError, scaled_dot_product_attention
 from attnlab.attention import softmax
+from attnlab.backward import sdpa_backward, softmax_backward
 from attnlab.masks import causal_mask
-from attnlab.nn.backward import layer_norm_backward, mha_backward, sdpa_backward, softmax_backward
+from attnlab.nn.backward import layer_norm_backward, mha_backward
 
 STEP = 1e-6
 FD_TOL = {"rtol": 1e-6, "atol": 1e-7}  # see the module docstring

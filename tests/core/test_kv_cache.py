@@ -224,7 +224,7 @@ def test_bad_construction(kwargs, message):
 def test_sliding_window_mask_boundary_both_sides():
     """W keys including the current one: p - W + 1 is in, p - W is out, p + 1 is out."""
     S, W = 12, 4
-    mask = sliding_window_mask(S, W, causal=True, S=S)
+    mask = sliding_window_mask(S, W, is_causal=True, S=S)
     for p in range(S):
         assert mask[p].sum() == min(p + 1, W)
         assert mask[p, p]
@@ -235,8 +235,8 @@ def test_sliding_window_mask_boundary_both_sides():
         if p + 1 < S:
             assert not mask[p, p + 1]
     # bottom-right alignment for T < S, as is_causal
-    np.testing.assert_array_equal(sliding_window_mask(3, W, causal=True, S=12), mask[-3:])
-    np.testing.assert_array_equal(sliding_window_mask(S, S, causal=True, S=S), band(S, None))
+    np.testing.assert_array_equal(sliding_window_mask(3, W, is_causal=True, S=12), mask[-3:])
+    np.testing.assert_array_equal(sliding_window_mask(S, S, is_causal=True, S=S), band(S, None))
 
 
 def visible_positions(out_row: np.ndarray) -> list[int]:
@@ -304,7 +304,7 @@ def test_sliding_window_with_rope_follows_absolute_positions():
     W = 5
     mha = MultiHeadAttention.init(16, 4, num_kv_heads=2, rope=True, seed=1)
     x = rng.standard_normal((1, 30, 16))
-    expected = mha(x, mask=sliding_window_mask(30, W, causal=True, S=30), is_causal=True)
+    expected = mha(x, mask=sliding_window_mask(30, W, is_causal=True, S=30), is_causal=True)
     cache = SlidingWindowKVCache(1, 2, 4, window=W)
     outs, start = [], 0
     for size in [11, 1, 1, 8, 1, 1, 6, 1]:
@@ -458,7 +458,7 @@ def test_torch_sliding_window_mask_matches_numpy():
 
     for T, S, W in [(5, 5, 2), (3, 9, 4), (1, 7, 7), (0, 3, 1)]:
         np.testing.assert_array_equal(torch_mask(T, W, S=S).numpy(),
-                                      sliding_window_mask(T, W, causal=True, S=S))
+                                      sliding_window_mask(T, W, is_causal=True, S=S))
 
 
 @pytest.mark.parametrize("cache", [KVCache(1, 1, 4, dtype=np.float32),

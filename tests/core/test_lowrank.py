@@ -74,7 +74,7 @@ def test_linformer_projection_statistics():
 def test_linformer_refuses_causal_and_bad_shapes():
     q, k, v = qkv(10, 10)
     with pytest.raises(AttnlabError, match="causal: Linformer has no causal form"):
-        linformer_attention(q, k, v, np.eye(10), causal=True)
+        linformer_attention(q, k, v, np.eye(10), is_causal=True)
     with pytest.raises(ShapeError, match=r"E: expected \(\.\.\., k, S\) with S = 10, got \(4, 9\)"):
         linformer_attention(q, k, v, np.ones((4, 9)))
     with pytest.raises(ShapeError, match="F: expected"):
@@ -163,7 +163,7 @@ def test_nystrom_validation():
     with pytest.raises(AttnlabError, match=r"num_landmarks: expected 1\.\.min\(T, S\) = 10"):
         nystrom_attention(q, k, v, 11)
     with pytest.raises(AttnlabError, match="causal: Nyström attention has no causal form"):
-        nystrom_attention(q, k, v, 4, causal=True)
+        nystrom_attention(q, k, v, 4, is_causal=True)
 
 
 # ------------------------------------------------------------------------ Performer
@@ -186,7 +186,7 @@ def test_performer_equals_its_plain_twin(causal, T, S):
     rng = np.random.default_rng(3)
     padding = rng.random((2, 1, S)) > 0.3
     omega = orthogonal_random_features(32, 8, seed=1)
-    got = performer_attention(q, k, v, projection=omega, causal=causal, key_padding=padding)
+    got = performer_attention(q, k, v, projection=omega, is_causal=causal, key_padding=padding)
     expected = performer_plain(q, k, v, omega, causal=causal, key_padding=padding)
     np.testing.assert_allclose(got, expected, rtol=0, atol=TOL)
 
@@ -201,7 +201,7 @@ def test_performer_padding_is_the_same_as_dropping_the_keys():
     omega = orthogonal_random_features(64, 8, seed=2)
     for causal in (False, True):
         got = performer_attention(q, k_big, v, projection=omega, key_padding=padding,
-                                  causal=causal)
+                                  is_causal=causal)
         if causal:  # keep the causal positions: compare with the plain twin instead
             expected = performer_plain(q, k, v, omega, causal=True, key_padding=padding)
         else:
@@ -223,7 +223,7 @@ def test_performer_is_stable_for_large_logits():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow / invalid-value RuntimeWarning
         for causal in (False, True):
-            out = performer_attention(q, k, v, projection=omega, causal=causal)
+            out = performer_attention(q, k, v, projection=omega, is_causal=causal)
             assert np.isfinite(out).all()
             assert (out >= v.min(axis=-2, keepdims=True) - 1e-9).all()
             assert (out <= v.max(axis=-2, keepdims=True) + 1e-9).all()
@@ -271,7 +271,7 @@ def test_orthogonal_features_are_orthogonal_and_unskewed():
 def test_performer_causal_edges():
     """T > S (bottom-right): the first T - S queries see no key and get 0; fully padded too."""
     q, k, v = qkv(8, 5, batch=())
-    out = performer_attention(q, k, v, 16, causal=True)
+    out = performer_attention(q, k, v, 16, is_causal=True)
     assert np.all(out[:3] == 0) and np.all(out[3:] != 0)
     out = performer_attention(q, k, v, 16, key_padding=np.zeros(5, bool))
     assert np.all(out == 0)

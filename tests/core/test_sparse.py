@@ -42,7 +42,7 @@ def qkv(T, S, D=8, Dv=5, batch=(2,), seed=0, dtype=np.float64):
 def test_causal_window_boundary():
     """Causal W: query p sees keys p - W + 1 .. p (W keys), never p - W nor p + 1."""
     W, T = 4, 10
-    mask = sliding_window_mask(T, W, causal=True)
+    mask = sliding_window_mask(T, W, is_causal=True)
     for p in range(T):
         assert mask[p].sum() == min(W, p + 1)
         assert mask[p, p] and mask[p, max(0, p - W + 1)]
@@ -55,7 +55,7 @@ def test_causal_window_boundary():
 def test_symmetric_window_boundary():
     """Symmetric W (odd): keys p - (W-1)/2 .. p + (W-1)/2; one further on either side is out."""
     W, T = 5, 12
-    mask = sliding_window_mask(T, W, causal=False)
+    mask = sliding_window_mask(T, W, is_causal=False)
     half = (W - 1) // 2
     for p in range(half, T - half):
         assert mask[p].sum() == W
@@ -67,36 +67,36 @@ def test_symmetric_window_boundary():
 
 def test_even_symmetric_window_is_refused():
     with pytest.raises(AttnlabError, match=r"W must be odd.*got 4 \(use 3 or 5\)"):
-        sliding_window_mask(8, 4, causal=False)
+        sliding_window_mask(8, 4, is_causal=False)
     q, k, v = qkv(8, 8)
     with pytest.raises(AttnlabError, match="W must be odd"):
-        sliding_window_attention(q, k, v, 4, causal=False)
+        sliding_window_attention(q, k, v, 4, is_causal=False)
 
 
 def test_window_bottom_right_alignment():
     """T < S: query i sits at position S - T + i (the library's causal alignment)."""
-    mask = sliding_window_mask(2, 3, causal=True, S=6)
+    mask = sliding_window_mask(2, 3, is_causal=True, S=6)
     assert mask.astype(int).tolist() == [[0, 0, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1]]
 
 
 def test_global_tokens_pattern():
     T = 9
-    mask = sliding_window_mask(T, 3, causal=False, global_tokens=[0, 5])
+    mask = sliding_window_mask(T, 3, is_causal=False, global_tokens=[0, 5])
     assert mask[:, 0].all() and mask[:, 5].all()  # attended by everyone
     assert mask[0].all() and mask[5].all()  # attend to everyone
     assert not mask[8, 2]  # an ordinary pair outside the window stays out
-    causal = sliding_window_mask(T, 3, causal=True, global_tokens=[0, 5])
+    causal = sliding_window_mask(T, 3, is_causal=True, global_tokens=[0, 5])
     assert not np.triu(causal, 1).any()  # causal still wins
     assert causal[5, :6].all() and causal[:, 0].all() and causal[8, 5]
 
 
 def test_global_token_validation():
     with pytest.raises(AttnlabError, match=r"global_tokens: expected positions in \[0, 6\)"):
-        sliding_window_mask(6, 3, causal=True, global_tokens=[6])
+        sliding_window_mask(6, 3, is_causal=True, global_tokens=[6])
     with pytest.raises(AttnlabError, match="distinct"):
-        sliding_window_mask(6, 3, causal=True, global_tokens=[1, 1])
+        sliding_window_mask(6, 3, is_causal=True, global_tokens=[1, 1])
     with pytest.raises(AttnlabError, match="integer key positions"):
-        sliding_window_mask(6, 3, causal=True, global_tokens=[0.5])
+        sliding_window_mask(6, 3, is_causal=True, global_tokens=[0.5])
 
 
 # -------------------------------------------------------- sliding window == dense + mask
@@ -107,9 +107,9 @@ def test_global_token_validation():
 @pytest.mark.parametrize("T,S", [(40, 40), (300, 300), (7, 40), (40, 7), (1, 5)])
 def test_sliding_window_equals_dense_with_mask(causal, window, T, S):
     q, k, v = qkv(T, S, batch=(2, 3))
-    mask = sliding_window_mask(T, window, causal=causal, S=S)
+    mask = sliding_window_mask(T, window, is_causal=causal, S=S)
     expected = scaled_dot_product_attention(q, k, v, mask)
-    got = sliding_window_attention(q, k, v, window, causal=causal)
+    got = sliding_window_attention(q, k, v, window, is_causal=causal)
     np.testing.assert_allclose(got, expected, rtol=0, atol=TOL)
 
 
@@ -126,9 +126,9 @@ def test_sliding_window_property(T, S, window, causal, n_global, seed):
     q, k, v = qkv(T, S, seed=seed)
     globals_ = rng.choice(S, size=min(n_global, S), replace=False)
     padding = rng.random((2, S)) > 0.2  # (B, S) True = a real key
-    mask = sliding_window_mask(T, window, causal=causal, S=S, global_tokens=globals_)
+    mask = sliding_window_mask(T, window, is_causal=causal, S=S, global_tokens=globals_)
     expected = scaled_dot_product_attention(q, k, v, mask & padding[:, None, :])
-    got = sliding_window_attention(q, k, v, window, causal=causal, global_tokens=globals_,
+    got = sliding_window_attention(q, k, v, window, is_causal=causal, global_tokens=globals_,
                                    key_padding=padding)
     np.testing.assert_allclose(got, expected, rtol=0, atol=TOL)
 
@@ -137,14 +137,14 @@ def test_window_covering_everything_is_exact_attention():
     """Causal W ≥ T is causal attention; symmetric W ≥ 2T - 1 is full attention."""
     T = 50
     q, k, v = qkv(T, T)
-    np.testing.assert_allclose(sliding_window_attention(q, k, v, T, causal=True),
+    np.testing.assert_allclose(sliding_window_attention(q, k, v, T, is_causal=True),
                                scaled_dot_product_attention(q, k, v, is_causal=True),
                                rtol=0, atol=TOL)
-    np.testing.assert_allclose(sliding_window_attention(q, k, v, 2 * T - 1, causal=False),
+    np.testing.assert_allclose(sliding_window_attention(q, k, v, 2 * T - 1, is_causal=False),
                                scaled_dot_product_attention(q, k, v), rtol=0, atol=TOL)
     # One step short is not everything: the corner pair drops out, and the output moves.
-    assert not sliding_window_mask(T, 2 * T - 3, causal=False)[0, T - 1]
-    assert not np.allclose(sliding_window_attention(q, k, v, 2 * T - 3, causal=False),
+    assert not sliding_window_mask(T, 2 * T - 3, is_causal=False)[0, T - 1]
+    assert not np.allclose(sliding_window_attention(q, k, v, 2 * T - 3, is_causal=False),
                            scaled_dot_product_attention(q, k, v))
 
 
@@ -152,7 +152,7 @@ def test_fully_padded_rows_are_zero_not_nan():
     q, k, v = qkv(20, 20)
     padding = np.ones((2, 20), bool)
     padding[1] = False  # batch item 1 has no real key at all
-    out = sliding_window_attention(q, k, v, 5, causal=True, key_padding=padding)
+    out = sliding_window_attention(q, k, v, 5, is_causal=True, key_padding=padding)
     assert np.all(out[1] == 0) and np.isfinite(out).all()
 
 
@@ -161,9 +161,9 @@ def test_global_tokens_with_batch_broadcast_and_t_ne_s():
     _, k, v = qkv(30, 30, batch=(1, 4))  # (1, H, S, ·)
     g = [0, 17, 29]
     for causal in (True, False):
-        mask = sliding_window_mask(12, 5, causal=causal, S=30, global_tokens=g)
+        mask = sliding_window_mask(12, 5, is_causal=causal, S=30, global_tokens=g)
         np.testing.assert_allclose(
-            sliding_window_attention(q, k, v, 5, causal=causal, global_tokens=g),
+            sliding_window_attention(q, k, v, 5, is_causal=causal, global_tokens=g),
             scaled_dot_product_attention(q, k, v, mask), rtol=0, atol=TOL)
 
 
@@ -171,10 +171,10 @@ def test_sliding_window_does_not_build_t_by_s():
     """Peak memory at T = S = 4096 stays far below one T × S float64 matrix (128 MiB)."""
     T, W = 4096, 15
     q, k, v = qkv(T, T, D=8, Dv=8, batch=())
-    sliding_window_attention(q, k, v, W, causal=True)  # warm-up (imports, caches)
+    sliding_window_attention(q, k, v, W, is_causal=True)  # warm-up (imports, caches)
     tracemalloc.start()
     try:
-        sliding_window_attention(q, k, v, W, causal=True, global_tokens=[0])
+        sliding_window_attention(q, k, v, W, is_causal=True, global_tokens=[0])
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -183,25 +183,25 @@ def test_sliding_window_does_not_build_t_by_s():
 
 def test_dtypes_and_empty_keys():
     q, k, v = qkv(10, 10, dtype=np.float32)
-    assert sliding_window_attention(q, k, v, 3, causal=True).dtype == np.float32
+    assert sliding_window_attention(q, k, v, 3, is_causal=True).dtype == np.float32
     assert block_sparse_attention(q, k, v, 4).dtype == np.float32
-    half = sliding_window_attention(*(a.astype(np.float16) for a in (q, k, v)), 3, causal=True)
+    half = sliding_window_attention(*(a.astype(np.float16) for a in (q, k, v)), 3, is_causal=True)
     assert half.dtype == np.float16
     q, k, v = qkv(4, 0)
-    assert np.all(sliding_window_attention(q, k, v, 3, causal=True) == 0)
+    assert np.all(sliding_window_attention(q, k, v, 3, is_causal=True) == 0)
 
 
 def test_sliding_window_validation():
     q, k, v = qkv(6, 6)
     with pytest.raises(AttnlabError, match="window: expected an integer >= 1, got 0"):
-        sliding_window_attention(q, k, v, 0, causal=True)
+        sliding_window_attention(q, k, v, 0, is_causal=True)
     with pytest.raises(AttnlabError, match="causal: expected True or False"):
-        sliding_window_attention(q, k, v, 3, causal=None)
+        sliding_window_attention(q, k, v, 3, is_causal=None)
     with pytest.raises(ShapeError, match=r"key_padding: expected a shape broadcastable to "
                                          r"\(\.\.\., S\) = \(2, 6\), got \(2, 5\)"):
-        sliding_window_attention(q, k, v, 3, causal=True, key_padding=np.ones((2, 5), bool))
+        sliding_window_attention(q, k, v, 3, is_causal=True, key_padding=np.ones((2, 5), bool))
     with pytest.raises(ShapeError, match=r"k: expected \(\.\.\., S, 8\)"):
-        sliding_window_attention(q, k[..., :4], v, 3, causal=True)
+        sliding_window_attention(q, k[..., :4], v, 3, is_causal=True)
     with pytest.raises(TypeError):
         sliding_window_attention(q, k, v, 3)  # causal must be chosen
 
@@ -223,7 +223,7 @@ def test_bigbird_layout_structure():
     assert not np.array_equal(layout, bigbird_layout(n, num_local_blocks=L,
                                                      num_global_blocks=G,
                                                      num_random_blocks=R, seed=6))
-    causal = bigbird_layout(n, num_random_blocks=R, seed=5, causal=True)
+    causal = bigbird_layout(n, num_random_blocks=R, seed=5, is_causal=True)
     assert not np.triu(causal, 1).any() and np.diag(causal).all()
 
 
@@ -232,10 +232,10 @@ def test_bigbird_layout_structure():
 def test_block_sparse_equals_dense_with_mask(causal, T, b):
     """BigBird layouts, T divisible by b or not (a short last block)."""
     q, k, v = qkv(T, T, batch=(2, 3))
-    mask = block_sparse_mask(T, b, causal=causal, seed=4)
+    mask = block_sparse_mask(T, b, is_causal=causal, seed=4)
     assert mask.shape == (T, T)
     expected = scaled_dot_product_attention(q, k, v, mask)
-    got = block_sparse_attention(q, k, v, b, causal=causal, seed=4)
+    got = block_sparse_attention(q, k, v, b, is_causal=causal, seed=4)
     np.testing.assert_allclose(got, expected, rtol=0, atol=TOL)
 
 
@@ -248,9 +248,9 @@ def test_block_sparse_user_layout_property(T, S, b, causal, seed):
     layout = rng.random((-(-T // b), -(-S // b))) < 0.4
     q, k, v = qkv(T, S, seed=seed)
     padding = rng.random((2, S)) > 0.2
-    mask = block_sparse_mask(T, b, S=S, layout=layout, causal=causal)
+    mask = block_sparse_mask(T, b, S=S, layout=layout, is_causal=causal)
     expected = scaled_dot_product_attention(q, k, v, mask & padding[:, None, :])
-    got = block_sparse_attention(q, k, v, b, layout=layout, causal=causal, key_padding=padding)
+    got = block_sparse_attention(q, k, v, b, layout=layout, is_causal=causal, key_padding=padding)
     np.testing.assert_allclose(got, expected, rtol=0, atol=TOL)
 
 
@@ -260,7 +260,7 @@ def test_block_sparse_full_layout_is_exact_attention():
     full = np.ones((6, 6), bool)
     np.testing.assert_allclose(block_sparse_attention(q, k, v, b, layout=full),
                                scaled_dot_product_attention(q, k, v), rtol=0, atol=TOL)
-    np.testing.assert_allclose(block_sparse_attention(q, k, v, b, layout=full, causal=True),
+    np.testing.assert_allclose(block_sparse_attention(q, k, v, b, layout=full, is_causal=True),
                                scaled_dot_product_attention(q, k, v, causal_mask(T)),
                                rtol=0, atol=TOL)
 

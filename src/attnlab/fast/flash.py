@@ -39,7 +39,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from ..attention import _prepare
+from ..backward import check_upstream, sum_to_shape
 from ..errors import (
     AttnlabError,
     ShapeError,
@@ -49,7 +49,7 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
-from ..nn.backward import _sum_to_shape, _upstream
+from ..kernel import check_inputs
 
 __all__ = [
     "DEFAULT_BLOCK_K",
@@ -164,15 +164,17 @@ def flash_attention(
     >>> out.shape, bool(np.allclose(out, scaled_dot_product_attention(q, k, v, is_causal=True)))
     ((2, 3, 100, 5), True)
     """
-    q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, out_dtype = _prepare(
-        q, k, v, mask, bias, is_causal, scale, tiled=True
+    inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale, tiled=True)
+    q_arr, k_arr, v_arr, allowed, bias_arr = (
+        inputs.q, inputs.k, inputs.v, inputs.allowed, inputs.bias
     )
+    scale_value, out_dtype = inputs.scale, inputs.out_dtype
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
     dtype = q_arr.dtype
     T, D, S, Dv = *q_arr.shape[-2:], k_arr.shape[-2], v_arr.shape[-1]
     batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
-    tiles = _Tiles(T, S, allowed, bias_arr, bool(is_causal))
+    tiles = _Tiles(T, S, allowed, bias_arr, inputs.is_causal)
     # Broadcast batch dims can make the output far larger than any input.
     check_alloc((*batch, T, Dv + 1), dtype, "the running sums (..., T, Dv + 1)", "q, k, v")
 
@@ -235,7 +237,7 @@ def flash_attention_backward(
 
     No (T, S) matrix is stored: as in FlashAttention-2, each tile's weights are
     rebuilt from the scores and ``lse``. Equivalent to the plain backward
-    :func:`attnlab.nn.backward.sdpa_backward` (``dbias`` is not computed: bias is
+    :func:`attnlab.backward.sdpa_backward` (``dbias`` is not computed: bias is
     treated as a constant)::
 
         P     = exp(q kᵀ · scale + bias - lse), 0 where not allowed     (..., T, S)
@@ -253,19 +255,21 @@ def flash_attention_backward(
     ``finfo.min``) has an lse whose fractional part even float64 cannot hold;
     its exact reference is recomputed from the scores.
     """
-    q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, out_dtype = _prepare(
-        q, k, v, mask, bias, is_causal, scale, tiled=True
+    inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale, tiled=True)
+    q_arr, k_arr, v_arr, allowed, bias_arr = (
+        inputs.q, inputs.k, inputs.v, inputs.allowed, inputs.bias
     )
+    scale_value, out_dtype = inputs.scale, inputs.out_dtype
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
     dtype = q_arr.dtype
     T, D, S, Dv = *q_arr.shape[-2:], k_arr.shape[-2], v_arr.shape[-1]
     batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
-    tiles = _Tiles(T, S, allowed, bias_arr, bool(is_causal))
+    tiles = _Tiles(T, S, allowed, bias_arr, inputs.is_causal)
     check_alloc((*batch, T + S, D + Dv), dtype, "the gradients dq, dk, dv", "q, k, v")
     _as_forward(out, "out", (*batch, T, Dv), "(..., T, Dv)", dtype)
     lse_arr = _as_forward(lse, "lse", (*batch, T), "(..., T)", _LSE_DTYPE, allow_neginf=True)
-    dout_arr = _upstream(dout, (*batch, T, Dv), "(..., T, Dv)", dtype)
+    dout_arr = check_upstream(dout, (*batch, T, Dv), "(..., T, Dv)", dtype)
 
     scale_typed = dtype.type(scale_value)
     q_full = np.broadcast_to(q_arr, (*batch, T, D))  # (..., T, D) a view
@@ -332,9 +336,9 @@ def flash_attention_backward(
     dq *= scale_typed
     dk *= scale_typed
     return (
-        _sum_to_shape(dq, q_arr.shape).astype(out_dtype, copy=False),
-        _sum_to_shape(dk, k_arr.shape).astype(out_dtype, copy=False),
-        _sum_to_shape(dv, v_arr.shape).astype(out_dtype, copy=False),
+        sum_to_shape(dq, q_arr.shape).astype(out_dtype, copy=False),
+        sum_to_shape(dk, k_arr.shape).astype(out_dtype, copy=False),
+        sum_to_shape(dv, v_arr.shape).astype(out_dtype, copy=False),
     )
 
 

@@ -36,7 +36,7 @@ needs, position i in slot ``i mod W``. :meth:`SlidingWindowKVCache.attend`
 equals::
 
     scaled_dot_product_attention(q, keys, values,                 # whole sequence
-                                 mask=sliding_window_mask(T, W, causal=True, S=S))
+                                 mask=sliding_window_mask(T, W, is_causal=True, S=S))
 
 All sequences of a batch share one length (no ragged batches). Inputs are cast
 to the cache's dtype, as writing into a preallocated array does.
@@ -48,7 +48,6 @@ from typing import Any
 
 import numpy as np
 
-from ..attention import _softmax, abs_max, check_score_range
 from ..errors import (
     AttnlabError,
     ShapeError,
@@ -58,6 +57,7 @@ from ..errors import (
     check_scale,
     shape_str,
 )
+from ..kernel import abs_max, check_score_range, stable_softmax
 
 __all__ = ["KVCache", "SlidingWindowKVCache"]
 
@@ -176,7 +176,7 @@ def _grouped_attention(
     if allowed is not None:
         scaled = scaled.reshape(B, Hkv, G, T, S)  # (B, Hkv, G, T, S)
         scaled = np.where(allowed, scaled, -np.inf).reshape(B, Hkv, G * T, S)  # (B, Hkv, G*T, S)
-    weights = _softmax(scaled, axis=-1)  # (B, Hkv, G*T, S)
+    weights = stable_softmax(scaled, axis=-1)  # (B, Hkv, G*T, S)
     out = weights @ values  # (B, Hkv, G*T, Dv)
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 

@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ..attention import _softmax, scaled_dot_product_attention
+from ..attention import scaled_dot_product_attention
 from ..errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
+from ..kernel import stable_softmax
 from .sparse import _check_bool, _prepare_key_padding, _prepare_qkv
 
 __all__ = [
@@ -40,9 +41,9 @@ __all__ = [
 ]
 
 
-def _no_causal(causal: Any, method: str, why: str) -> None:
-    if _check_bool(causal, "causal"):
-        raise AttnlabError(f"causal: {method} has no causal form ({why}); got causal=True")
+def _no_causal(is_causal: Any, method: str, why: str) -> None:
+    if _check_bool(is_causal, "is_causal"):
+        raise AttnlabError(f"is_causal: {method} has no causal form ({why}); got is_causal=True")
 
 
 # ------------------------------------------------------------------------ Linformer
@@ -98,7 +99,7 @@ def linformer_attention(
     E: Any,
     F: Any = None,
     *,
-    causal: bool = False,
+    is_causal: bool = False,
     scale: float | None = None,
 ) -> np.ndarray:
     """Linformer attention: keys and values projected along the sequence to k rows.
@@ -119,7 +120,7 @@ def linformer_attention(
 
     Time O(T·k·D + k·S·D), memory O(T·k): linear in T for a fixed k. With
     E = F = I (k = S) it is plain attention. Each projected key mixes all S
-    positions, so a query would see the future: ``causal=True`` is an error.
+    positions, so a query would see the future: ``is_causal=True`` is an error.
 
     >>> import numpy as np
     >>> x = np.random.default_rng(0).standard_normal((6, 4))
@@ -127,7 +128,7 @@ def linformer_attention(
     ...                  scaled_dot_product_attention(x, x, x)))
     True
     """
-    _no_causal(causal, "Linformer", "each of its k rows mixes all S positions, future included")
+    _no_causal(is_causal, "Linformer", "each of its k rows mixes all S positions, future included")
     q_arr, k_arr, v_arr, _, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
     S = k_arr.shape[-2]
     E_arr = _check_projection(E, "E", S, q_arr.dtype)
@@ -214,7 +215,7 @@ def nystrom_attention(
     num_landmarks: int,
     *,
     pinv_iterations: int | None = 6,
-    causal: bool = False,
+    is_causal: bool = False,
     scale: float | None = None,
 ) -> np.ndarray:
     """Nyströmformer attention (Xiong et al. 2021) with m segment-mean landmarks.
@@ -239,7 +240,7 @@ def nystrom_attention(
     Time O((T + S)·m·D + m³), memory O((T + S)·m): linear in T for fixed m.
     With m = T = S the landmarks are the rows themselves, F̃ = Ã = B̃ = A and
     A·A⁺·A·V = A·V: plain attention, to the accuracy of the pseudo-inverse.
-    The landmarks average over future positions, so ``causal=True`` is an error.
+    The landmarks average over future positions, so ``is_causal=True`` is an error.
 
     >>> import numpy as np
     >>> x = np.random.default_rng(0).standard_normal((6, 4))
@@ -247,7 +248,7 @@ def nystrom_attention(
     ...                  scaled_dot_product_attention(x, x, x)))
     True
     """
-    _no_causal(causal, "Nyström attention", "its landmarks average over future positions")
+    _no_causal(is_causal, "Nyström attention", "its landmarks average over future positions")
     q_arr, k_arr, v_arr, _, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
     T, S = q_arr.shape[-2], k_arr.shape[-2]
     m = check_positive_int(num_landmarks, "num_landmarks")
@@ -258,9 +259,10 @@ def nystrom_attention(
     scale_arr = np.asarray(scale_value, dtype=q_arr.dtype)
     q_landmarks = segment_means(q_arr, m)  # (..., m, D)
     k_landmarks = segment_means(k_arr, m)  # (..., m, D)
-    kernel_1 = _softmax(q_arr @ np.swapaxes(k_landmarks, -1, -2) * scale_arr)  # (..., T, m)
-    kernel_2 = _softmax(q_landmarks @ np.swapaxes(k_landmarks, -1, -2) * scale_arr)  # (.., m, m)
-    kernel_3 = _softmax(q_landmarks @ np.swapaxes(k_arr, -1, -2) * scale_arr)  # (..., m, S)
+    k_landmarks_t = np.swapaxes(k_landmarks, -1, -2)  # (..., D, m)
+    kernel_1 = stable_softmax(q_arr @ k_landmarks_t * scale_arr)  # (..., T, m)
+    kernel_2 = stable_softmax(q_landmarks @ k_landmarks_t * scale_arr)  # (..., m, m)
+    kernel_3 = stable_softmax(q_landmarks @ np.swapaxes(k_arr, -1, -2) * scale_arr)  # (..., m, S)
     if pinv_iterations is None:
         kernel_2_inv = np.linalg.pinv(kernel_2)  # (..., m, m)
     else:
@@ -375,7 +377,7 @@ def performer_attention(
     *,
     projection: Any = None,
     seed: int = 0,
-    causal: bool = False,
+    is_causal: bool = False,
     key_padding: Any = None,
     scale: float | None = None,
 ) -> np.ndarray:
@@ -387,7 +389,7 @@ def performer_attention(
         v             (..., S, Dv)
         num_features  M: draw ω with :func:`orthogonal_random_features` (M, D, seed)
         projection    (M, D): use this ω instead (give one of the two)
-        causal        query i attends to keys j ≤ S - T + i (bottom-right aligned)
+        is_causal     query i attends to keys j ≤ S - T + i (bottom-right aligned)
         key_padding   (..., S) bool, True = a real key (or None)
         ->            (..., T, Dv)
 
@@ -395,7 +397,7 @@ def performer_attention(
 
         phi_q, phi_k = performer_features(q, k, ω, key_padding=key_padding, scale=scale)
         kernel = phi_q @ phi_kᵀ                                 (..., T, S)
-        if causal:
+        if is_causal:
             kernel = where(causal_mask(T, S), kernel, 0)
         out = (kernel @ v) / kernel.sum(-1, keepdims=True)      (..., T, Dv)
 
@@ -409,12 +411,12 @@ def performer_attention(
 
     >>> import numpy as np
     >>> x = np.random.default_rng(0).standard_normal((6, 4))
-    >>> performer_attention(x, x, x, 16, causal=True).shape
+    >>> performer_attention(x, x, x, 16, is_causal=True).shape
     (6, 4)
     """
     q_arr, k_arr, v_arr, batch, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
     D = q_arr.shape[-1]
-    causal = _check_bool(causal, "causal")
+    is_causal = _check_bool(is_causal, "is_causal")
     if (num_features is None) == (projection is None):
         raise AttnlabError(
             "num_features, projection: expected exactly one of them (a feature count to "
@@ -429,7 +431,7 @@ def performer_attention(
     phi_q, phi_k = performer_features(q_arr, k_arr, omega, key_padding=key_padding,
                                       scale=scale_value)  # (..., T, M), (..., S, M)
     phi_q = np.broadcast_to(phi_q, (*batch, *phi_q.shape[-2:]))
-    if not causal:
+    if not is_causal:
         kv = np.swapaxes(phi_k, -1, -2) @ v_arr  # (..., M, Dv)
         numerator = phi_q @ kv  # (..., T, Dv)
         denominator = phi_q @ np.sum(phi_k, axis=-2)[..., :, None]  # (..., T, 1)

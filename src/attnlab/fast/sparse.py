@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from ..attention import _prepare, _softmax
 from ..errors import (
     AttnlabError,
     ShapeError,
@@ -37,6 +36,7 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
+from ..kernel import attend, check_inputs
 
 __all__ = [
     "sliding_window_mask",
@@ -55,16 +55,12 @@ def _prepare_qkv(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...], float, np.dtype]:
     """Validate q (..., T, D), k (..., S, D), v (..., S, Dv) and the scale.
 
-    The checks of :func:`attnlab.scaled_dot_product_attention` (its ``_prepare``),
-    without its cap on T × S (these paths never build the score matrix). Returns
-    the arrays in one compute dtype, the broadcast batch shape, the scale and the
-    output dtype.
+    The kernel's checks (:func:`attnlab.kernel.check_inputs`), without its cap on
+    T × S (these paths never build the score matrix). Returns the arrays in one
+    compute dtype, the broadcast batch shape, the scale and the output dtype.
     """
-    q_arr, k_arr, v_arr, _, _, scale_value, out_dtype = _prepare(
-        q, k, v, None, None, False, scale, tiled=True
-    )
-    batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
-    return q_arr, k_arr, v_arr, tuple(batch), scale_value, out_dtype
+    inputs = check_inputs(q, k, v, scale=scale, tiled=True)
+    return inputs.q, inputs.k, inputs.v, inputs.batch, inputs.scale, inputs.out_dtype
 
 
 def _prepare_key_padding(key_padding: Any, batch: tuple[int, ...], S: int) -> np.ndarray | None:
@@ -96,11 +92,11 @@ def _check_positions(positions: Any, name: str, S: int) -> np.ndarray:
     return np.sort(arr)
 
 
-def _check_window(window: Any, causal: bool) -> int:
+def _check_window(window: Any, is_causal: bool) -> int:
     window = check_positive_int(window, "window")
-    if not causal and window % 2 == 0:
+    if not is_causal and window % 2 == 0:
         raise AttnlabError(
-            "window: a symmetric window (causal=False) holds the query and (W - 1) / 2 keys "
+            "window: a symmetric window (is_causal=False) holds the query and (W - 1) / 2 keys "
             f"on each side, so W must be odd; got {window} (use {window - 1} or {window + 1})"
         )
     return window
@@ -120,11 +116,7 @@ def _attend_subset(
     Softmax over the allowed subset equals softmax over all S keys with the
     others at -inf: those add exp(-inf) = 0 to the sum and cannot be the maximum.
     """
-    scores = q_rows @ np.swapaxes(k_sel, -1, -2)  # (..., t, n)
-    scaled = scores * np.asarray(scale, dtype=scores.dtype)  # (..., t, n)
-    scaled = np.where(allowed, scaled, -np.inf)  # (..., t, n)
-    weights = _softmax(scaled, axis=-1)  # (..., t, n)
-    return weights @ v_sel  # (..., t, Dv)
+    return attend(q_rows, k_sel, v_sel, allowed, None, scale)[0]  # (..., t, Dv)
 
 
 def _with_padding(allowed: np.ndarray, padding: np.ndarray | None, keys: Any) -> np.ndarray:
@@ -138,49 +130,49 @@ def _with_padding(allowed: np.ndarray, padding: np.ndarray | None, keys: Any) ->
 
 
 def _window_rule(
-    query_pos: np.ndarray, key_pos: np.ndarray, window: int, causal: bool, global_pos: np.ndarray
+    query_pos: np.ndarray, key_pos: np.ndarray, window: int, is_causal: bool, global_pos: np.ndarray
 ) -> np.ndarray:
     """The sliding-window pattern on a grid of positions: (t,), (n,) -> (t, n) bool.
 
     The one definition used by both the mask helper and the fast path.
     """
     offset = key_pos[None, :] - query_pos[:, None]  # (t, n): key position - query position
-    if causal:
+    if is_causal:
         allowed = (offset <= 0) & (offset > -window)  # the W most recent keys, itself included
     else:
         allowed = np.abs(offset) <= (window - 1) // 2  # itself and (W - 1) / 2 each side
     if global_pos.size:
         allowed = allowed | np.isin(key_pos, global_pos)[None, :]  # everyone attends to them
         allowed = allowed | np.isin(query_pos, global_pos)[:, None]  # they attend to everyone
-        if causal:
+        if is_causal:
             allowed = allowed & (offset <= 0)
     return allowed  # (t, n)
 
 
 def sliding_window_mask(
-    T: int, window: int, *, causal: bool, S: int | None = None, global_tokens: Any = None
+    T: int, window: int, *, is_causal: bool, S: int | None = None, global_tokens: Any = None
 ) -> np.ndarray:
     """The boolean mask of :func:`sliding_window_attention`: -> (T, S), True = may attend.
 
     Query i sits at position p = S - T + i (p = i when T == S); key j at position j.
 
-    - ``causal=True``: the W most recent keys, itself included: p - W < j ≤ p.
-    - ``causal=False``: W must be odd; the query and (W - 1) / 2 keys on each
+    - ``is_causal=True``: the W most recent keys, itself included: p - W < j ≤ p.
+    - ``is_causal=False``: W must be odd; the query and (W - 1) / 2 keys on each
       side: |j - p| ≤ (W - 1) / 2.
     - ``global_tokens``: key positions that every query attends to, and whose
       own query rows (if among the T queries) attend to every key; with
-      ``causal`` both are still cut at j ≤ p.
+      ``is_causal`` both are still cut at j ≤ p.
 
     Rows near the edges hold fewer than W keys. A causal window of W ≥ S, or a
     symmetric one of W ≥ 2S - 1, covers everything: plain (causal) attention.
 
-    >>> sliding_window_mask(5, 2, causal=True).astype(int)
+    >>> sliding_window_mask(5, 2, is_causal=True).astype(int)
     array([[1, 0, 0, 0, 0],
            [1, 1, 0, 0, 0],
            [0, 1, 1, 0, 0],
            [0, 0, 1, 1, 0],
            [0, 0, 0, 1, 1]])
-    >>> sliding_window_mask(5, 3, causal=False, global_tokens=[0]).astype(int)
+    >>> sliding_window_mask(5, 3, is_causal=False, global_tokens=[0]).astype(int)
     array([[1, 1, 1, 1, 1],
            [1, 1, 1, 0, 0],
            [1, 1, 1, 1, 0],
@@ -190,13 +182,13 @@ def sliding_window_mask(
     T = check_positive_int(T, "T", allow_zero=True)
     sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
-    causal = _check_bool(causal, "causal")
-    window = _check_window(window, causal)
+    is_causal = _check_bool(is_causal, "is_causal")
+    window = _check_window(window, is_causal)
     global_pos = _check_positions([] if global_tokens is None else global_tokens,
                                   "global_tokens", S)
     check_alloc((T, S), np.bool_, "the sliding-window mask (T, S)", sizes)
     query_pos = np.arange(T) + (S - T)  # (T,)
-    return _window_rule(query_pos, np.arange(S), window, causal, global_pos)  # (T, S)
+    return _window_rule(query_pos, np.arange(S), window, is_causal, global_pos)  # (T, S)
 
 
 def _window_chunk(window: int) -> int:
@@ -212,7 +204,7 @@ def sliding_window_attention(
     v: Any,
     window: int,
     *,
-    causal: bool,
+    is_causal: bool,
     global_tokens: Any = None,
     key_padding: Any = None,
     scale: float | None = None,
@@ -224,8 +216,8 @@ def sliding_window_attention(
         k           (..., S, D)
         v           (..., S, Dv)
         window      W ≥ 1: keys per query (see :func:`sliding_window_mask`);
-                    odd when ``causal=False``
-        causal      True: the W most recent keys; False: W centred on the query.
+                    odd when ``is_causal=False``
+        is_causal   True: the W most recent keys; False: W centred on the query.
                     Required: the same W means different keys in the two cases.
         global_tokens  key positions attended by all and attending to all (or None)
         key_padding (..., S) bool, True = a real key (or None)
@@ -233,7 +225,7 @@ def sliding_window_attention(
 
     Equivalent to the plain computation (which builds the T × S mask)::
 
-        mask = sliding_window_mask(T, W, causal=causal, S=S, global_tokens=global_tokens)
+        mask = sliding_window_mask(T, W, is_causal=causal, S=S, global_tokens=global_tokens)
         if key_padding is not None:
             mask = mask & key_padding[..., None, :]       # (..., T, S)
         out = scaled_dot_product_attention(q, k, v, mask, scale=scale)
@@ -245,21 +237,21 @@ def sliding_window_attention(
 
     >>> import numpy as np
     >>> x = np.random.default_rng(0).standard_normal((6, 4))
-    >>> sliding_window_attention(x, x, x, 3, causal=True).shape
+    >>> sliding_window_attention(x, x, x, 3, is_causal=True).shape
     (6, 4)
     """
     q_arr, k_arr, v_arr, batch, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
     T, S, Dv = q_arr.shape[-2], k_arr.shape[-2], v_arr.shape[-1]
-    causal = _check_bool(causal, "causal")
-    window = _check_window(window, causal)
+    is_causal = _check_bool(is_causal, "is_causal")
+    window = _check_window(window, is_causal)
     global_pos = _check_positions([] if global_tokens is None else global_tokens,
                                   "global_tokens", S)
     padding = _prepare_key_padding(key_padding, batch, S)
 
     out = np.zeros((*batch, T, Dv), dtype=q_arr.dtype)  # (..., T, Dv)
     offset = S - T  # query i sits at position offset + i
-    left = window - 1 if causal else (window - 1) // 2  # keys reachable before the query
-    right = 0 if causal else (window - 1) // 2  # and after it
+    left = window - 1 if is_causal else (window - 1) // 2  # keys reachable before the query
+    right = 0 if is_causal else (window - 1) // 2  # and after it
     chunk = _window_chunk(window)
     for start in range(0, T, chunk):
         stop = min(T, start + chunk)
@@ -278,7 +270,7 @@ def sliding_window_attention(
             keys = slice(low, high)  # a view, no copy
             key_pos = np.arange(low, high)
             k_sel, v_sel = k_arr[..., keys, :], v_arr[..., keys, :]
-        allowed = _window_rule(query_pos, key_pos, window, causal, global_pos)  # (c, n)
+        allowed = _window_rule(query_pos, key_pos, window, is_causal, global_pos)  # (c, n)
         allowed = _with_padding(allowed, padding, keys)  # (..., c, n)
         out[..., start:stop, :] = _attend_subset(
             q_arr[..., start:stop, :], k_sel, v_sel, allowed, scale_value
@@ -287,7 +279,7 @@ def sliding_window_attention(
     # Global queries attend to every key: their rows are redone against all S keys.
     global_rows = global_pos[global_pos >= offset] - offset  # query indices
     if global_rows.size:
-        allowed = _window_rule(global_rows + offset, np.arange(S), window, causal, global_pos)
+        allowed = _window_rule(global_rows + offset, np.arange(S), window, is_causal, global_pos)
         allowed = _with_padding(allowed, padding, slice(None))  # (..., G, S)
         out[..., global_rows, :] = _attend_subset(
             q_arr[..., global_rows, :], k_arr, v_arr, allowed, scale_value
@@ -305,12 +297,12 @@ def bigbird_layout(
     num_global_blocks: int = 1,
     num_random_blocks: int = 2,
     seed: int = 0,
-    causal: bool = False,
+    is_causal: bool = False,
 ) -> np.ndarray:
     """BigBird's block layout: -> (n, n) bool, True = query block i attends to key block j.
 
     - local: the L blocks around the diagonal: |i - j| ≤ (L - 1) / 2 (L odd), or
-      with ``causal`` the L blocks ending at the diagonal: i - L < j ≤ i;
+      with ``is_causal`` the L blocks ending at the diagonal: i - L < j ≤ i;
     - global: the first G blocks attend to every block and every block to them;
     - random: each query block adds R more key blocks, drawn without
       replacement from those not yet chosen (and j ≤ i when causal) by
@@ -324,11 +316,11 @@ def bigbird_layout(
            [1, 0, 0, 1, 1]])
     """
     n = check_positive_int(num_blocks, "num_blocks", allow_zero=True)
-    causal = _check_bool(causal, "causal")
+    is_causal = _check_bool(is_causal, "is_causal")
     local = check_positive_int(num_local_blocks, "num_local_blocks", allow_zero=True)
-    if not causal and local % 2 == 0 and local > 0:
+    if not is_causal and local % 2 == 0 and local > 0:
         raise AttnlabError(
-            "num_local_blocks: a symmetric band (causal=False) holds the diagonal block and "
+            "num_local_blocks: a symmetric band (is_causal=False) holds the diagonal block and "
             f"(L - 1) / 2 on each side, so L must be odd; got {local}"
         )
     n_global = check_positive_int(num_global_blocks, "num_global_blocks", allow_zero=True)
@@ -336,17 +328,17 @@ def bigbird_layout(
     seed = check_positive_int(seed, "seed", allow_zero=True)
     check_alloc((n, n), np.int64, "the block layout (n, n)", "num_blocks")
     offset = np.arange(n)[None, :] - np.arange(n)[:, None]  # (n, n): j - i
-    if causal:
+    if is_causal:
         layout = (offset <= 0) & (offset > -local)
     else:
         layout = np.abs(offset) <= (local - 1) // 2 if local else np.zeros((n, n), bool)
     layout[:, :n_global] = True
     layout[:n_global, :] = True
-    if causal:
+    if is_causal:
         layout &= offset <= 0
     rng = np.random.default_rng(seed)
     for i in range(n):
-        candidates = np.flatnonzero(~layout[i] & ((offset[i] <= 0) if causal else True))
+        candidates = np.flatnonzero(~layout[i] & ((offset[i] <= 0) if is_causal else True))
         if n_random and candidates.size:
             picked = rng.choice(candidates, size=min(n_random, candidates.size), replace=False)
             layout[i, picked] = True
@@ -362,7 +354,7 @@ def _resolve_layout(
     num_global_blocks: int | None,
     num_random_blocks: int | None,
     seed: int | None,
-    causal: bool,
+    is_causal: bool,
 ) -> np.ndarray:
     """The block layout (ceil(T/b), ceil(S/b)): the user's, checked, or BigBird's."""
     shape = (-(-T // block_size), -(-S // block_size))
@@ -398,13 +390,13 @@ def _resolve_layout(
         num_global_blocks=1 if num_global_blocks is None else num_global_blocks,
         num_random_blocks=2 if num_random_blocks is None else num_random_blocks,
         seed=0 if seed is None else seed,
-        causal=causal,
+        is_causal=is_causal,
     )
 
 
 def _block_rule(
     layout: np.ndarray, block_size: int, query_pos: np.ndarray, key_pos: np.ndarray,
-    offset: int, causal: bool,
+    offset: int, is_causal: bool,
 ) -> np.ndarray:
     """The block-sparse pattern on a grid: query indices (t,), key indices (n,) -> (t, n).
 
@@ -412,7 +404,7 @@ def _block_rule(
     one definition used by both the mask helper and the fast path.
     """
     allowed = layout[np.ix_(query_pos // block_size, key_pos // block_size)]  # (t, n)
-    if causal:
+    if is_causal:
         allowed = allowed & (key_pos[None, :] <= query_pos[:, None] + offset)
     return allowed
 
@@ -427,13 +419,13 @@ def block_sparse_mask(
     num_random_blocks: int | None = None,
     seed: int | None = None,
     layout: Any = None,
-    causal: bool = False,
+    is_causal: bool = False,
 ) -> np.ndarray:
     """The boolean mask of :func:`block_sparse_attention`: -> (T, S), True = may attend.
 
     Query i belongs to block i // b, key j to block j // b; the last block of
     each is shorter when b does not divide T (or S). Query i may attend to key j
-    when ``layout[i // b, j // b]`` and, with ``causal``, j ≤ S - T + i.
+    when ``layout[i // b, j // b]`` and, with ``is_causal``, j ≤ S - T + i.
     ``layout`` (ceil(T/b), ceil(S/b)) bool is the user's, or BigBird's
     (:func:`bigbird_layout`; defaults L = 3 local, G = 1 global, R = 2 random
     blocks, seed 0; T == S only).
@@ -450,11 +442,11 @@ def block_sparse_mask(
     sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     block_size = check_positive_int(block_size, "block_size")
-    causal = _check_bool(causal, "causal")
+    is_causal = _check_bool(is_causal, "is_causal")
     check_alloc((T, S), np.bool_, "the block-sparse mask (T, S)", sizes)
     grid = _resolve_layout(T, S, block_size, layout, num_local_blocks, num_global_blocks,
-                           num_random_blocks, seed, causal)
-    return _block_rule(grid, block_size, np.arange(T), np.arange(S), S - T, causal)  # (T, S)
+                           num_random_blocks, seed, is_causal)
+    return _block_rule(grid, block_size, np.arange(T), np.arange(S), S - T, is_causal)  # (T, S)
 
 
 def block_sparse_attention(
@@ -468,7 +460,7 @@ def block_sparse_attention(
     num_random_blocks: int | None = None,
     seed: int | None = None,
     layout: Any = None,
-    causal: bool = False,
+    is_causal: bool = False,
     key_padding: Any = None,
     scale: float | None = None,
 ) -> np.ndarray:
@@ -483,13 +475,13 @@ def block_sparse_attention(
                     block; None = BigBird's (:func:`bigbird_layout` with
                     ``num_local_blocks`` L = 3, ``num_global_blocks`` G = 1,
                     ``num_random_blocks`` R = 2, ``seed`` 0; needs T == S)
-        causal      also cut at j ≤ S - T + i inside the allowed blocks
+        is_causal   also cut at j ≤ S - T + i inside the allowed blocks
         key_padding (..., S) bool, True = a real key (or None)
         ->          (..., T, Dv)
 
     Equivalent to the plain computation (which builds the T × S mask)::
 
-        mask = block_sparse_mask(T, b, S=S, layout=layout, causal=causal, ...)
+        mask = block_sparse_mask(T, b, S=S, layout=layout, is_causal=causal, ...)
         if key_padding is not None:
             mask = mask & key_padding[..., None, :]       # (..., T, S)
         out = scaled_dot_product_attention(q, k, v, mask, scale=scale)
@@ -507,16 +499,16 @@ def block_sparse_attention(
     q_arr, k_arr, v_arr, batch, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
     T, S = q_arr.shape[-2], k_arr.shape[-2]
     block_size = check_positive_int(block_size, "block_size")
-    causal = _check_bool(causal, "causal")
+    is_causal = _check_bool(is_causal, "is_causal")
     grid = _resolve_layout(T, S, block_size, layout, num_local_blocks, num_global_blocks,
-                           num_random_blocks, seed, causal)
+                           num_random_blocks, seed, is_causal)
     width = max(q_arr.shape[-1], v_arr.shape[-1])
     for blocks in grid.shape:  # queries and keys are padded to whole blocks of b rows
         check_alloc((*batch, blocks * block_size, width), q_arr.dtype,
                     "the rows padded to whole blocks (..., n·b, D)", "block_size")
     padding = _prepare_key_padding(key_padding, batch, S)
 
-    return _block_sparse_core(q_arr, k_arr, v_arr, grid, block_size, causal, padding, batch,
+    return _block_sparse_core(q_arr, k_arr, v_arr, grid, block_size, is_causal, padding, batch,
                               scale_value).astype(out_dtype, copy=False)
 
 
@@ -527,7 +519,7 @@ _BLOCK_STEP_ELEMENTS = 2**18
 
 def _block_sparse_core(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, grid: np.ndarray, block_size: int,
-    causal: bool, padding: np.ndarray | None, batch: tuple[int, ...], scale: float,
+    is_causal: bool, padding: np.ndarray | None, batch: tuple[int, ...], scale: float,
 ) -> np.ndarray:
     """Block-sparse attention over validated inputs: -> (..., T, Dv).
 
@@ -562,7 +554,7 @@ def _block_sparse_core(
             key_ok &= key_pos < S  # (g, r·b): the last key block may be short
             key_pos = np.minimum(key_pos, S - 1)  # (g, r·b) gather indices, all in range
             allowed = key_ok[:, None, :]  # (g, 1, r·b)
-            if causal:
+            if is_causal:
                 query_pos = rows[part, None] * b + within + (S - T)  # (g, b) positions
                 allowed = allowed & (key_pos[:, None, :] <= query_pos[:, :, None])  # (g, b, r·b)
             if padding is not None:

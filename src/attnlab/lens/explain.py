@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..attention import _prepare, _softmax
+from ..kernel import check_inputs, stable_softmax
 from ..errors import (
     AttnlabError,
     ShapeError,
@@ -178,7 +178,7 @@ def explain(
         K = x_arr @ weights["Wk"][:, cols]  # (T, D)
         V = x_arr @ weights["Wv"][:, cols]  # (T, D)
         # Same validation (mask shape/dtype, causal alignment) as the library's attention.
-        _, _, _, allowed, _, _, _ = _prepare(Q, K, V, mask, None, causal, None)
+        allowed = check_inputs(Q, K, V, mask, is_causal=causal).allowed
         scores = Q @ K.T  # (T, T)
         scaled = scores * scale  # (T, T)
         steps += [
@@ -193,7 +193,7 @@ def explain(
             source = "masked"
             scaled = np.where(allowed, scaled, -np.inf)  # (T, T)
             steps.append(Step("masked", scaled, "masked = scaled where allowed, else -∞", **tag))
-        probs = _softmax(scaled)  # (T, T)
+        probs = stable_softmax(scaled)  # (T, T)
         out = probs @ V  # (T, D)
         steps += [
             Step("weights", probs, f"weights = softmax({source}, axis=-1)", **tag),

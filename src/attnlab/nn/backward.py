@@ -1,4 +1,4 @@
-"""Backward passes written out by hand: softmax, attention, multi-head attention, LayerNorm.
+"""Backward passes of the modules, written out by hand: multi-head attention and LayerNorm.
 
 Each function here is the chain rule for one forward pass of the core, in NumPy,
 with its formula in the docstring. Every one takes the upstream gradient
@@ -20,43 +20,30 @@ sync). They are checked against central finite differences and against torch
 autograd in ``tests/test_grad*.py``.
 
 >>> import numpy as np
->>> rng = np.random.default_rng(0)
->>> q, k, v = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4)), np.ones((2, 5, 6))
->>> dq, dk, dv, dbias = sdpa_backward(q, k, v, np.ones((2, 3, 6)), is_causal=True)
->>> dq.shape, dk.shape, dv.shape, dbias is None
-((2, 3, 4), (2, 5, 4), (2, 5, 6), True)
+>>> from attnlab import LayerNorm
+>>> norm = LayerNorm(4)
+>>> layer_norm_backward(norm, np.arange(8.0).reshape(2, 4), np.ones((2, 4))).dx.shape
+(2, 4)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..attention import _prepare, check_axis, scaled_dot_product_attention
+from ..backward import attention_backward, check_upstream, sum_to_shape
 from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
+from ..kernel import attend, check_inputs
 from .layers import LayerNorm, layer_norm_stats
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 
 __all__ = [
-    "AttentionGrads",
     "LayerNormGrads",
     "MultiHeadGrads",
     "layer_norm_backward",
     "mha_backward",
-    "sdpa_backward",
-    "softmax_backward",
 ]
-
-
-class AttentionGrads(NamedTuple):
-    """Gradients of :func:`sdpa_backward`, each with the shape of its input."""
-
-    dq: np.ndarray  # (..., T, D)
-    dk: np.ndarray  # (..., S, D)
-    dv: np.ndarray  # (..., S, Dv)
-    dbias: np.ndarray | None  # bias's own shape; None when no bias was given
 
 
 class LayerNormGrads(NamedTuple):
@@ -80,117 +67,6 @@ class MultiHeadGrads(NamedTuple):
     dcontext: np.ndarray | None  # (B, S, Ekv) or (S, Ekv)
     params: dict[str, np.ndarray]
     dbias: np.ndarray | None  # the attention bias's own shape
-
-
-# ----------------------------------------------------------------------- softmax
-
-
-def softmax_backward(weights: Any, dweights: Any, axis: int = -1) -> np.ndarray:
-    """Gradient of softmax at its input, given its output and the upstream gradient.
-
-    Shapes: weights (...), dweights (...) -> dscores (...), all the same shape.
-
-    With y = softmax(x) along ``axis`` and dy = ∂L/∂y, the Jacobian
-    ∂y_i/∂x_j = y_i (δ_ij − y_j) gives::
-
-        dx = y ⊙ (dy − Σ_j dy_j y_j)        (the sum runs along ``axis``, kept as size 1)
-
-    Entries with y = 0 (masked, or -inf scores) get dx = 0, and so does a row that
-    is entirely masked (all y = 0): no NaN.
-
-    >>> y = np.array([0.25, 0.75])
-    >>> softmax_backward(y, np.array([1.0, 0.0])).tolist()
-    [0.1875, -0.1875]
-    """
-    y = as_float_array(weights, "weights")
-    dy = as_float_array(dweights, "dweights")
-    if y.shape != dy.shape:
-        raise ShapeError(
-            f"dweights: expected the shape of weights {shape_str(y.shape)}, "
-            f"got {shape_str(dy.shape)}"
-        )
-    if y.ndim == 0:
-        raise ShapeError("weights: expected at least 1 dimension, got a scalar")
-    axis = check_axis(axis, y.ndim)
-    return _softmax_backward(y, dy.astype(y.dtype, copy=False), axis)
-
-
-def _softmax_backward(y: np.ndarray, dy: np.ndarray, axis: int = -1) -> np.ndarray:
-    return y * (dy - np.sum(dy * y, axis=axis, keepdims=True))
-
-
-# ------------------------------------------------------------ dot-product attention
-
-
-def sdpa_backward(
-    q: Any,
-    k: Any,
-    v: Any,
-    dout: Any,
-    mask: Any = None,
-    *,
-    bias: Any = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> AttentionGrads:
-    """Gradients of :func:`attnlab.scaled_dot_product_attention` (recomputes the forward).
-
-    Shapes:
-        q    (..., T, D)      k (..., S, D)      v (..., S, Dv)
-        dout (..., T, Dv)     ∂L/∂out, the shape of the forward's output
-        mask bool, broadcastable to (..., T, S); True = may attend
-        bias float, broadcastable to (..., T, S); -inf allowed
-        ->   dq (..., T, D), dk (..., S, D), dv (..., S, Dv), dbias (bias's shape) or None
-
-    ``mask``, ``bias``, ``is_causal`` (bottom-right aligned) and ``scale``
-    (default 1/√D) mean exactly what they mean in the forward.
-
-    Formula, per batch element, with P the attention weights (T, S)::
-
-        forward:  z = q kᵀ · scale + bias,  masked -> -inf      (T, S)
-                  P = softmax(z)                                (T, S)
-                  out = P v                                     (T, Dv)
-        backward: dv = Pᵀ dout                                  (S, Dv)
-                  dP = dout vᵀ                                  (T, S)
-                  dz = P ⊙ (dP − Σ_S dP ⊙ P)                    (T, S)  softmax backward
-                  dbias = dz                                    (T, S)
-                  dq = dz k · scale                             (T, D)
-                  dk = dzᵀ q · scale                            (S, D)
-
-    Masked entries and fully-masked rows have P = 0, hence dz = 0: they pass no
-    gradient to q, k or bias, and v gets none from them.
-    """
-    q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, out_dtype = _prepare(
-        q, k, v, mask, bias, is_causal, scale
-    )
-    # The core forward, on the validated arrays, gives the weights P (is_causal is in `allowed`).
-    _, weights = scaled_dot_product_attention(
-        q_arr, k_arr, v_arr, allowed, bias=bias_arr, scale=scale_value, return_weights=True
-    )  # (..., T, S)
-    T, Dv = q_arr.shape[-2], v_arr.shape[-1]
-    dout_arr = _upstream(dout, (*weights.shape[:-2], T, Dv), "(..., T, Dv)", weights.dtype)
-    dq, dk, dv, dscaled = _sdpa_backward(q_arr, k_arr, v_arr, weights, dout_arr, scale_value)
-    return AttentionGrads(
-        _sum_to_shape(dq, q_arr.shape).astype(out_dtype, copy=False),
-        _sum_to_shape(dk, k_arr.shape).astype(out_dtype, copy=False),
-        _sum_to_shape(dv, v_arr.shape).astype(out_dtype, copy=False),
-        None if bias_arr is None
-        else _sum_to_shape(dscaled, bias_arr.shape).astype(out_dtype, copy=False),
-    )
-
-
-def _sdpa_backward(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.ndarray, dout: np.ndarray,
-    scale: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The formula of :func:`sdpa_backward`, on broadcast (unreduced) shapes; also returns dz."""
-    dv = np.swapaxes(weights, -1, -2) @ dout  # (..., S, Dv)
-    dweights = dout @ np.swapaxes(v, -1, -2)  # (..., T, S)
-    dscaled = _softmax_backward(weights, dweights)  # (..., T, S)
-    dscores = dscaled * np.asarray(scale, dtype=dscaled.dtype)  # (..., T, S)
-    dq = dscores @ k  # (..., T, D)
-    dk = np.swapaxes(dscores, -1, -2) @ q  # (..., S, D)
-    return dq, dk, dv, dscaled
 
 
 # ------------------------------------------------------------- multi-head attention
@@ -248,14 +124,15 @@ def mha_backward(
     group = H // Hkv
     q, k, v = mha.project(x_arr, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
     k_rep, v_rep = mha.expand_kv(k), mha.expand_kv(v)  # (B, H, S, D), (B, H, S, Dv)
-    q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, _ = _prepare(
-        q, k_rep, v_rep, mask, bias, is_causal, None
+    inputs = check_inputs(q, k_rep, v_rep, mask, bias=bias, is_causal=is_causal)
+    q_arr, k_arr, v_arr, bias_arr, scale_value = (
+        inputs.q, inputs.k, inputs.v, inputs.bias, inputs.scale
     )
-    heads, weights = scaled_dot_product_attention(
-        q_arr, k_arr, v_arr, allowed, bias=bias_arr, scale=scale_value, return_weights=True
+    heads, weights = attend(
+        q_arr, k_arr, v_arr, inputs.allowed, bias_arr, scale_value
     )  # (B, H, T, Dv), (B, H, T, S)
     merged = merge_heads(heads)  # (B, T, H*Dv)
-    dout_arr = _upstream(
+    dout_arr = check_upstream(
         dout, (*merged.shape[:-1], mha.Wo.shape[1]), "(B, T, E_out)", merged.dtype
     )
 
@@ -265,7 +142,7 @@ def mha_backward(
         params["bo"] = _bias_grad(dout_arr)  # (E_out,)
     dheads = split_heads(dout_arr @ mha.Wo.T, H)  # (B, H, T, Dv)
 
-    dq, dk_rep, dv_rep, dscaled = _sdpa_backward(
+    dq, dk_rep, dv_rep, dscaled = attention_backward(
         q_arr, k_arr, v_arr, weights, dheads, scale_value
     )  # (B, H, T, D), (B, H, S, D), (B, H, S, Dv), (B, H, T, S)
     dk = _sum_groups(dk_rep, Hkv, group)  # (B, Hkv, S, D)
@@ -284,7 +161,7 @@ def mha_backward(
 
     order = ("Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
     params = {name: params[name] for name in order if name in params}
-    dbias = None if bias_arr is None else _sum_to_shape(dscaled, bias_arr.shape)
+    dbias = None if bias_arr is None else sum_to_shape(dscaled, bias_arr.shape)
     if context is None:  # self-attention: x feeds the keys and values too
         return MultiHeadGrads(dx + dctx, None, params, dbias)
     return MultiHeadGrads(dx, dctx, params, dbias)
@@ -339,7 +216,7 @@ def layer_norm_backward(norm: LayerNorm, x: Any, dout: Any) -> LayerNormGrads:
     x_arr = as_float_array(x, "x")
     if x_arr.ndim < 1 or x_arr.shape[-1] != norm.d_model:
         raise ShapeError(f"x: expected (..., {norm.d_model}), got {shape_str(x_arr.shape)}")
-    dy = _upstream(dout, x_arr.shape, "(..., E)", x_arr.dtype)
+    dy = check_upstream(dout, x_arr.shape, "(..., E)", x_arr.dtype)
     centred, std, rescale = layer_norm_stats(x_arr, norm.eps)  # (..., E), (..., 1), (..., 1)
     inv_scaled = 1.0 / std  # (..., 1)
     normed = centred * inv_scaled  # (..., E)
@@ -358,23 +235,3 @@ def layer_norm_backward(norm: LayerNorm, x: Any, dout: Any) -> LayerNormGrads:
 # ------------------------------------------------------------------------ helpers
 
 
-def _upstream(dout: Any, shape: Sequence[int], layout: str, dtype: np.dtype) -> np.ndarray:
-    """Validate ``dout`` = ∂L/∂out: exactly the forward output's shape, finite."""
-    arr = as_float_array(dout, "dout")
-    if arr.shape != tuple(shape):
-        raise ShapeError(
-            f"dout: expected the output's shape {layout} = {shape_str(shape)}, "
-            f"got {shape_str(arr.shape)}"
-        )
-    return arr.astype(dtype, copy=False)
-
-
-def _sum_to_shape(grad: np.ndarray, shape: Sequence[int]) -> np.ndarray:
-    """Reduce a gradient over the dims its input was broadcast along (autograd's rule)."""
-    shape = tuple(shape)
-    extra = grad.ndim - len(shape)
-    reduced = grad.sum(axis=tuple(range(extra))) if extra else grad
-    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and reduced.shape[i] != 1)
-    if stretched:
-        reduced = reduced.sum(axis=stretched, keepdims=True)
-    return reduced

@@ -135,7 +135,7 @@ class DecoderBlock:
     restricts each query to W keys including itself.
 
     Without a cache the call *is* the block's own forward,
-    ``block(x, mask=sliding_window_mask(T, W, causal=True) or None, is_causal=True)``: the
+    ``block(x, mask=sliding_window_mask(T, W, is_causal=True) or None, is_causal=True)``: the
     plain twin. With one, only the new tokens are computed (:meth:`step`).
     """
 
@@ -152,7 +152,7 @@ class DecoderBlock:
             return self.step(x, cache)
         T = x.shape[-2]
         mask = (None if self.window is None
-                else sliding_window_mask(T, self.window, causal=True))  # (T, T)
+                else sliding_window_mask(T, self.window, is_causal=True))  # (T, T)
         return self.block(x, mask, is_causal=True)  # (B, T, E)
 
     def step(self, x: np.ndarray, cache: Cache) -> np.ndarray:

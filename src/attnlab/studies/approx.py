@@ -193,7 +193,7 @@ class Method:
 
 def _prepare_window(q: np.ndarray, k: np.ndarray, v: np.ndarray, value: int,
                     seed: int) -> Callable[[], np.ndarray]:
-    return lambda: sliding_window_attention(q, k, v, value, causal=False)
+    return lambda: sliding_window_attention(q, k, v, value, is_causal=False)
 
 
 def _prepare_blocks(q: np.ndarray, k: np.ndarray, v: np.ndarray, value: int,
@@ -415,11 +415,11 @@ def _long_sequence(config: StudyConfig, T: int,
     omega = orthogonal_random_features(256, D, seed=config.seed).astype(np.float32)
     calls = [
         ("sliding_window", "W", config.long_window,
-         lambda: sliding_window_attention(q, k, v, config.long_window, causal=True)),
+         lambda: sliding_window_attention(q, k, v, config.long_window, is_causal=True)),
         ("block_sparse", "b", 64,
-         lambda: block_sparse_attention(q, k, v, 64, seed=config.seed, causal=True)),
+         lambda: block_sparse_attention(q, k, v, 64, seed=config.seed, is_causal=True)),
         ("performer", "M", 256, lambda: performer_attention(q, k, v, projection=omega,
-                                                            causal=True)),
+                                                            is_causal=True)),
     ]
     rows: list[dict[str, Any]] = []
     for name, knob, value, call in calls:
@@ -723,8 +723,8 @@ def _plot_patterns() -> Any:
 
     fig, axes = _figure(3, width=4.6, height=4.4)
     patterns = [
-        ("sliding window W=9, causal", sliding_window_mask(64, 9, causal=True)),
-        ("sliding window W=9 + global [0]", sliding_window_mask(64, 9, causal=False,
+        ("sliding window W=9, causal", sliding_window_mask(64, 9, is_causal=True)),
+        ("sliding window W=9 + global [0]", sliding_window_mask(64, 9, is_causal=False,
                                                                 global_tokens=[0])),
         ("BigBird b=4 (3 local, 1 global, 2 random)", block_sparse_mask(64, 4)),
     ]

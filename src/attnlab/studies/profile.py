@@ -90,8 +90,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..attention import MAX_SCORE_ELEMENTS, _softmax
 from ..errors import AttnlabError, check_positive_int, missing_extra, shape_str
+from ..kernel import MAX_SCORE_ELEMENTS, stable_softmax
 from ..models.bert import _ACTIVATION, BertConfig, BertModel
 from ..nn.layers import _ACTIVATIONS, EncoderBlock
 from ..nn.multihead import linear, merge_heads
@@ -415,7 +415,7 @@ def _profiled_block(
     scaled = scores * np.asarray(scale, dtype=scores.dtype)  # (B, H, T, S)
     if allowed is not None:
         scaled = np.where(allowed, scaled, -np.inf)  # (B, H, T, S)
-    weights = _softmax(scaled, axis=-1)  # (B, H, T, S)
+    weights = stable_softmax(scaled, axis=-1)  # (B, H, T, S)
     clock.lap("softmax")
     heads = weights @ v  # (B, H, T, Dv)
     clock.lap("weighted_sum")

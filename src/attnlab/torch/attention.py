@@ -35,7 +35,7 @@ from typing import Any, Literal, overload
 import torch
 import torch.nn.functional as F
 
-from ..attention import MAX_SCORE_ELEMENTS, check_axis, check_score_range
+from ..attention import check_axis
 from ..errors import (
     AttnlabError,
     ShapeError,
@@ -46,6 +46,7 @@ from ..errors import (
     check_scale,
     shape_str,
 )
+from ..kernel import MAX_SCORE_ELEMENTS, check_score_range
 from .checks import (
     as_bool_tensor,
     as_float_tensor,

@@ -46,7 +46,7 @@ def sliding_window_mask(
     T: int, window: int, *, S: int | None = None, device: Any = None
 ) -> torch.Tensor:  # -> (T, S)
     """Causal sliding-window mask, bottom-right aligned, True = may attend; behaves
-    identically to ``attnlab.sliding_window_mask(T, window, causal=True, S=S)``.
+    identically to ``attnlab.sliding_window_mask(T, window, is_causal=True, S=S)``.
 
     Query i sits at position ``p = S - T + i`` and sees keys ``p - W < j <= p``.
 
