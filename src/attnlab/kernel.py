@@ -44,6 +44,7 @@ __all__ = [
     "abs_max",
     "attend",
     "check_inputs",
+    "check_mask_and_bias",
     "check_score_range",
     "softmax_rows",
     "stable_softmax",
@@ -141,23 +142,9 @@ def check_inputs(
     q_arr, k_arr, v_arr = (a.astype(dtype, copy=False) for a in (q_arr, k_arr, v_arr))
 
     scale_value = check_scale(scale, D)
-    is_causal = check_flag(is_causal, "is_causal")
-
-    allowed: np.ndarray | None = None
-    if mask is not None:
-        allowed = as_bool_mask(mask, "mask")
-        check_broadcastable(allowed.shape, score_shape, "mask", "(..., T, S)")
-    if is_causal and not tiled:
-        causal = causal_mask(T, S)  # (T, S)
-        allowed = causal if allowed is None else (allowed & causal)
-
-    bias_arr: np.ndarray | None = None
-    if bias is not None:
-        bias_arr = as_float_array(bias, "bias", allow_nonfinite=True)
-        if np.isnan(bias_arr).any() or np.isposinf(bias_arr).any():
-            raise AttnlabError("bias: expected finite values or -inf, got NaN or +inf")
-        check_broadcastable(bias_arr.shape, score_shape, "bias", "(..., T, S)")
-        bias_arr = bias_arr.astype(dtype, copy=False)
+    allowed, bias_arr, is_causal = check_mask_and_bias(
+        mask, bias, is_causal, score_shape, dtype, tiled=tiled
+    )
     check_score_range(
         abs_max(q_arr), abs_max(k_arr), D, scale_value, dtype,
         bias_max=float(np.max(bias_arr)) if bias_arr is not None and bias_arr.size else 0.0,
@@ -167,6 +154,37 @@ def check_inputs(
     return AttentionInputs(q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, is_causal,
                            out_dtype, tuple(batch))
 
+
+
+def check_mask_and_bias(
+    mask: Any, bias: Any, is_causal: Any, score_shape: tuple[int, ...], dtype: Any,
+    *, tiled: bool = False,
+) -> tuple[np.ndarray | None, np.ndarray | None, bool]:
+    """Validate what shapes the score matrix: the mask, the bias and ``is_causal``.
+
+    Shapes: mask (bool, True = may attend) and bias (float, -inf allowed)
+    broadcastable to ``score_shape`` = (..., T, S). Returns the allowed mask
+    (with the bottom-right causal mask folded in unless ``tiled``; None if
+    neither), the bias in ``dtype`` (or None) and ``is_causal`` as a bool. For
+    callers whose q and k are computed, not given (multi-head attention).
+    """
+    is_causal = check_flag(is_causal, "is_causal")
+    T, S = score_shape[-2:]
+    allowed: np.ndarray | None = None
+    if mask is not None:
+        allowed = as_bool_mask(mask, "mask")
+        check_broadcastable(allowed.shape, score_shape, "mask", "(..., T, S)")
+    if is_causal and not tiled:
+        causal = causal_mask(T, S)  # (T, S)
+        allowed = causal if allowed is None else (allowed & causal)
+    bias_arr: np.ndarray | None = None
+    if bias is not None:
+        bias_arr = as_float_array(bias, "bias", allow_nonfinite=True)
+        if np.isnan(bias_arr).any() or np.isposinf(bias_arr).any():
+            raise AttnlabError("bias: expected finite values or -inf, got NaN or +inf")
+        check_broadcastable(bias_arr.shape, score_shape, "bias", "(..., T, S)")
+        bias_arr = bias_arr.astype(dtype, copy=False)
+    return allowed, bias_arr, is_causal
 
 
 def abs_max(arr: np.ndarray) -> float:

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..attention import MAX_SCORE_ELEMENTS
 from ..errors import AttnlabError, ShapeError, missing_extra, shape_str
+from ..masks import padding_mask
 from ..nn.layers import EncoderBlock, FeedForward, LayerNorm, layer_norm_inplace
 from ..nn.multihead import MultiHeadAttention, linear
 from ..special import gelu_erf
@@ -291,13 +292,13 @@ class BertModel:
         if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
             raise ShapeError(f"input_ids: expected integer (B, T), got {ids.dtype} "
                              f"{shape_str(ids.shape)}")
-        real = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(
-            attention_mask).astype(bool)
-        if real.shape != ids.shape:
-            raise ShapeError(f"attention_mask: expected {shape_str(ids.shape)} to match "
-                             f"input_ids, got {shape_str(real.shape)}")
         # (B, 1, 1, T): True = a real key, may be attended; no padding needs no mask.
-        mask = None if real.all() else real[:, None, None, :]
+        mask = None if attention_mask is None else padding_mask(attention_mask)
+        if mask is not None and (mask.shape[0], mask.shape[-1]) != ids.shape:
+            raise ShapeError(f"attention_mask: expected {shape_str(ids.shape)} to match "
+                             f"input_ids, got {shape_str((mask.shape[0], mask.shape[-1]))}")
+        if mask is not None and mask.all():
+            mask = None
         x = self.embed(ids, token_type_ids)  # (B, T, E)
         B, T = ids.shape
         if (recorder is None and 0 < B * self.config.num_attention_heads * T * T
@@ -306,10 +307,14 @@ class BertModel:
             if np.isfinite(hidden).all():
                 return hidden
             # An overflow or a NaN on the way: the plain blocks say where, as they always have.
+        if not self.layers:
+            return x
+        # One check of the mask for all layers (they share it), then the blocks unchecked.
+        _, _, allowed, _, _ = self.layers[0].attn.check_call(x, None, mask)
         for i, layer in enumerate(self.layers):
             if recorder is not None:
                 recorder.layer = i
-            x = layer(x, mask, recorder=recorder)  # (B, T, E)
+            x = layer.forward(x, allowed, recorder=recorder)  # (B, T, E)
         return x
 
     def encode(self, texts: list[str], batch_size: int = 32, *,

@@ -124,12 +124,12 @@ def mha_backward(
     group = H // Hkv
     q, k, v = mha.project(x_arr, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
     k_rep, v_rep = mha.expand_kv(k), mha.expand_kv(v)  # (B, H, S, D), (B, H, S, Dv)
-    inputs = check_inputs(q, k_rep, v_rep, mask, bias=bias, is_causal=is_causal)
+    checked = check_inputs(q, k_rep, v_rep, mask, bias=bias, is_causal=is_causal)
     q_arr, k_arr, v_arr, bias_arr, scale_value = (
-        inputs.q, inputs.k, inputs.v, inputs.bias, inputs.scale
+        checked.q, checked.k, checked.v, checked.bias, checked.scale
     )
     heads, weights = attend(
-        q_arr, k_arr, v_arr, inputs.allowed, bias_arr, scale_value
+        q_arr, k_arr, v_arr, checked.allowed, bias_arr, scale_value
     )  # (B, H, T, Dv), (B, H, T, S)
     merged = merge_heads(heads)  # (B, T, H*Dv)
     dout_arr = check_upstream(

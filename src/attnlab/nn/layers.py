@@ -59,9 +59,13 @@ class LayerNorm:
         x_arr = as_float_array(x, "x")
         if x_arr.ndim < 1 or x_arr.shape[-1] != self.d_model:
             raise ShapeError(f"x: expected (..., {self.d_model}), got {shape_str(x_arr.shape)}")
-        centred, std, _ = layer_norm_stats(x_arr, self.eps)  # (..., E), (..., 1)
+        return self.forward(x_arr)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """The normalisation of a checked x (..., E) -> (..., E); no checks."""
+        centred, std, _ = layer_norm_stats(x, self.eps)  # (..., E), (..., 1)
         normed = centred / std  # (..., E)
-        return (normed * self.gamma + self.beta).astype(x_arr.dtype, copy=False)
+        return (normed * self.gamma + self.beta).astype(x.dtype, copy=False)
 
 
 def layer_norm_stats(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -219,6 +223,10 @@ class FeedForward:
         x = as_float_array(x, "x")
         if x.ndim < 1 or x.shape[-1] != self.W1.shape[0]:
             raise ShapeError(f"x: expected (..., {self.W1.shape[0]}), got {shape_str(x.shape)}")
+        return self.forward(x)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """The feed-forward of a checked x (..., E) -> (..., E); no checks."""
         hidden = _ACTIVATIONS[self.activation](linear(x, self.W1, self.b1))  # (..., F)
         return linear(hidden, self.W2, self.b2)  # (..., E)
 
@@ -276,19 +284,28 @@ class SelfAttentionLayer:
         x: Any,
         mask: Any = None,
         *,
+        key_padding: Any = None,
         is_causal: bool = False,
         bias: Any = None,
         recorder: Recorder | None = None,
     ) -> np.ndarray:
-        x_arr = as_float_array(x, "x")
+        """Shapes: x (B, T, E) or (T, E) -> same; mask broadcastable to (B, H, T, T),
+        True = may attend; key_padding bool (B, T), True = a real token."""
+        x_arr, _, allowed, bias_arr, _ = self.attn.check_call(
+            x, None, mask, key_padding=key_padding, bias=bias, is_causal=is_causal
+        )
+        return self.forward(x_arr, allowed, bias_arr, recorder=recorder)
 
-        def attend(h: np.ndarray) -> np.ndarray:
-            out = self.attn(h, mask=mask, is_causal=is_causal, bias=bias, recorder=recorder)
-            return out  # type: ignore[return-value]  # weights not requested
-
+    def forward(
+        self, x: np.ndarray, allowed: np.ndarray | None = None, bias: np.ndarray | None = None,
+        *, recorder: Recorder | None = None,
+    ) -> np.ndarray:
+        """The sublayer on arguments checked by ``self.attn.check_call``; no checks."""
         if self.norm == "post":
-            return self.norm1(x_arr + self.dropout(attend(x_arr)))  # (B, T, E)
-        return x_arr + self.dropout(attend(self.norm1(x_arr)))  # (B, T, E)
+            attended = self.attn.forward(x, x, allowed, bias, recorder=recorder)[0]
+            return self.norm1.forward(x + self.dropout(attended))  # (B, T, E)
+        h = self.norm1.forward(x)  # (B, T, E)
+        return x + self.dropout(self.attn.forward(h, h, allowed, bias, recorder=recorder)[0])
 
 
 class EncoderBlock(SelfAttentionLayer):
@@ -342,21 +359,19 @@ class EncoderBlock(SelfAttentionLayer):
         block.dropout = Dropout(dropout, seed=seed)
         return block
 
-    def __call__(
-        self,
-        x: Any,
-        mask: Any = None,
-        *,
-        is_causal: bool = False,
-        bias: Any = None,
-        recorder: Recorder | None = None,
+    def forward(
+        self, x: np.ndarray, allowed: np.ndarray | None = None, bias: np.ndarray | None = None,
+        *, recorder: Recorder | None = None,
     ) -> np.ndarray:
-        h = super().__call__(
-            x, mask, is_causal=is_causal, bias=bias, recorder=recorder
-        )  # (B, T, E)
+        """The block on arguments checked by ``self.attn.check_call``; no checks.
+
+        Shapes: x (B, T, E) -> (B, T, E). ``__call__`` (inherited) checks x,
+        mask, key_padding, bias and is_causal once and calls this.
+        """
+        h = super().forward(x, allowed, bias, recorder=recorder)  # (B, T, E)
         if self.norm == "post":
-            return self.norm2(h + self.dropout(self.ffn(h)))  # (B, T, E)
-        return h + self.dropout(self.ffn(self.norm2(h)))  # (B, T, E)
+            return self.norm2.forward(h + self.dropout(self.ffn.forward(h)))  # (B, T, E)
+        return h + self.dropout(self.ffn.forward(self.norm2.forward(h)))  # (B, T, E)
 
 
 def _vec(value: Any, name: str, size: int) -> np.ndarray:

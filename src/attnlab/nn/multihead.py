@@ -19,12 +19,12 @@ concatenates; that is exactly this with Wq = [Wq_1 | ... | Wq_H] and Wo = I.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..attention import scaled_dot_product_attention
 from ..errors import (
     AttnlabError,
     ShapeError,
@@ -37,6 +37,7 @@ from ..errors import (
     shape_str,
 )
 from ..init import as_rng, init_weight
+from ..kernel import abs_max, attend, check_mask_and_bias, check_score_range
 from ..positional import RotaryEmbedding, alibi_bias
 from ..trace import Recorder
 
@@ -310,28 +311,68 @@ class MultiHeadAttention:
             ->          out (B, T, E_out), and per-head weights (B, H, T, S)
         """
         return_weights = check_flag(return_weights, "return_weights")
+        x_arr, ctx, allowed, bias_arr, is_causal = self.check_call(
+            x, context, mask, key_padding=key_padding, bias=bias, is_causal=is_causal
+        )
+        out, weights = self.forward(x_arr, ctx, allowed, bias_arr, recorder=recorder)
+        return (out, weights) if return_weights else out
+
+    def check_call(
+        self, x: Any, context: Any = None, mask: Any = None, *, key_padding: Any = None,
+        bias: Any = None, is_causal: Any = False,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, bool]:
+        """Validate the arguments of a call, once; returns what :meth:`forward` takes.
+
+        -> x (B, T, E), context (B, S, Ekv) (x itself for self-attention), the
+        allowed mask (mask & key_padding & causal; None if none), the bias and
+        ``is_causal`` as a bool. The layers around this module call it at their
+        own boundary and then :meth:`forward`, so nothing is checked twice.
+        """
         x_arr, ctx, mask = self.prepare_inputs(x, context, mask, key_padding)
-        q, k, v = self.project(x_arr, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
+        T, S = x_arr.shape[-2], ctx.shape[-2]
+        if self.rope is not None and T > S:
+            raise AttnlabError(
+                f"x: RoPE places queries at positions S - T .. S - 1, expected T <= S, "
+                f"got T = {T}, S = {S}"
+            )
+        score_shape = (*x_arr.shape[:-2], self.num_heads, T, S)  # (B, H, T, S)
+        dtype = np.result_type(x_arr, self.Wq)
+        allowed, bias_arr, is_causal = check_mask_and_bias(
+            mask, bias, is_causal, score_shape, dtype
+        )
+        return x_arr, ctx, allowed, bias_arr, is_causal
+
+    def forward(
+        self, x: np.ndarray, context: np.ndarray, allowed: np.ndarray | None = None,
+        bias: np.ndarray | None = None, *, recorder: Recorder | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The computation of a call, on arguments already checked by :meth:`check_call`.
+
+        Shapes: x (B, T, E), context (B, S, Ekv), allowed and bias broadcastable
+        to (B, H, T, S) -> out (B, T, E_out), weights (B, H, T, S). No checks
+        but the scores' overflow bound (O(T·D), read from q and k).
+        """
+        q, k, v = self.project(x, context)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
         T, S = q.shape[-2], k.shape[-2]
         if self.rope is not None:
-            if T > S:
-                raise AttnlabError(
-                    f"x: RoPE places queries at positions S - T .. S - 1, expected T <= S, "
-                    f"got T = {T}, S = {S}"
-                )
             q = self.rope(q, np.arange(S - T, S))  # (B, H, T, D)
             k = self.rope(k, np.arange(S))  # (B, Hkv, S, D)
         if self.alibi:
             slopes = alibi_bias(self.num_heads, T, S).astype(q.dtype)  # (H, T, S)
-            bias = slopes if bias is None else slopes + as_array(bias, "bias")  # (B, H, T, S)
+            bias = slopes if bias is None else slopes + bias  # (B, H, T, S)
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, H, S, D), (B, H, S, Dv)
-        heads, weights = scaled_dot_product_attention(
-            q, k, v, mask, bias=bias, is_causal=is_causal, return_weights=True
-        )  # (B, H, T, Dv), (B, H, T, S)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if bias is not None:
+            bias = bias.astype(q.dtype, copy=False)
+        check_score_range(
+            abs_max(q), abs_max(k), self.head_dim, scale, q.dtype,
+            bias_max=float(np.max(bias)) if bias is not None and bias.size else 0.0,
+        )
+        heads, weights = attend(q, k, v, allowed, bias, scale)  # (B, H, T, Dv), (B, H, T, S)
         out = linear(merge_heads(heads), self.Wo, self.bo)  # (B, T, E_out)
         if recorder is not None:
-            self._record(recorder, x_arr, q, k, v, weights, heads, out)
-        return (out, weights) if return_weights else out
+            self._record(recorder, x, q, k, v, weights, heads, out)
+        return out, weights
 
     def _record(
         self, recorder: Recorder, x: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
