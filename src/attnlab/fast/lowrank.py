@@ -50,11 +50,11 @@ def _no_causal(is_causal: Any, method: str, why: str) -> None:
 
 
 def linformer_projection(
-    S: int, k: int, *, kind: str = "gaussian", seed: int = 0, dtype: Any = np.float64
+    S: int, rank: int, *, kind: str = "gaussian", seed: int = 0, dtype: Any = np.float64
 ) -> np.ndarray:
-    """A fixed Linformer projection: -> (k, S).
+    """A fixed Linformer projection: -> (r, S) with r = ``rank``.
 
-    - ``kind="gaussian"``: entries N(0, 1/k) from ``seed`` (Wang et al. 2020,
+    - ``kind="gaussian"``: entries N(0, 1/rank) from ``seed`` (Wang et al. 2020,
       §4: the Johnson–Lindenstrauss argument, and the usual initialisation);
     - ``kind="pool"``: row s averages the keys of segment s (the segments of
       :func:`segment_means`), i.e. mean pooling along the sequence, one of the
@@ -70,17 +70,17 @@ def linformer_projection(
     [[0.5, 0.5, 0.0, 0.0, 0.0], [0.0, 0.0, 0.33, 0.33, 0.33]]
     """
     S = check_positive_int(S, "S")
-    k = check_positive_int(k, "k")
+    rank = check_positive_int(rank, "rank")
     seed = check_positive_int(seed, "seed", allow_zero=True)
     if kind == "gaussian":
         rng = np.random.default_rng(seed)
-        return (rng.standard_normal((k, S)) / np.sqrt(k)).astype(dtype)  # (k, S)
+        return (rng.standard_normal((rank, S)) / np.sqrt(rank)).astype(dtype)  # (rank, S)
     if kind == "pool":
-        if k > S:
-            raise AttnlabError(f"k: expected 1..{S} segments for kind='pool', got {k}")
-        bounds = (np.arange(k + 1) * S) // k  # (k + 1,) segment edges, as segment_means
+        if rank > S:
+            raise AttnlabError(f"rank: expected 1..{S} segments for kind='pool', got {rank}")
+        bounds = (np.arange(rank + 1) * S) // rank  # (rank + 1,) segment edges, as segment_means
         segment = np.searchsorted(bounds, np.arange(S), side="right") - 1  # (S,)
-        pool = (segment[None, :] == np.arange(k)[:, None]).astype(np.float64)  # (k, S)
+        pool = (segment[None, :] == np.arange(rank)[:, None]).astype(np.float64)  # (rank, S)
         return (pool / pool.sum(axis=1, keepdims=True)).astype(dtype)
     raise AttnlabError(f"kind: expected 'gaussian' or 'pool', got {kind!r}")
 
@@ -88,7 +88,7 @@ def linformer_projection(
 def _check_projection(E: Any, name: str, S: int, dtype: np.dtype) -> np.ndarray:
     arr = as_float_array(E, name)
     if arr.ndim < 2 or arr.shape[-1] != S:
-        raise ShapeError(f"{name}: expected (..., k, S) with S = {S}, got {shape_str(arr.shape)}")
+        raise ShapeError(f"{name}: expected (..., r, S) with S = {S}, got {shape_str(arr.shape)}")
     return arr.astype(dtype, copy=False)
 
 
@@ -96,8 +96,8 @@ def linformer_attention(
     q: Any,
     k: Any,
     v: Any,
-    E: Any,
-    F: Any = None,
+    key_proj: Any,
+    value_proj: Any = None,
     *,
     is_causal: bool = False,
     scale: float | None = None,
@@ -108,8 +108,8 @@ def linformer_attention(
         q  (..., T, D)
         k  (..., S, D)
         v  (..., S, Dv)
-        E  (..., k, S)   projects the keys (learned, or :func:`linformer_projection`)
-        F  (..., k, S)   projects the values; None = E (the paper's shared projection)
+        key_proj    (..., r, S)  E, projects the keys (learned, or :func:`linformer_projection`)
+        value_proj  (..., r, S)  F, projects the values; None = E (the paper's shared one)
         -> (..., T, Dv)
 
     Formula (Wang et al. 2020, eq. 7)::
@@ -131,11 +131,14 @@ def linformer_attention(
     _no_causal(is_causal, "Linformer", "each of its k rows mixes all S positions, future included")
     q_arr, k_arr, v_arr, _, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
     S = k_arr.shape[-2]
-    E_arr = _check_projection(E, "E", S, q_arr.dtype)
-    F_arr = E_arr if F is None else _check_projection(F, "F", S, q_arr.dtype)
+    E_arr = _check_projection(key_proj, "key_proj", S, q_arr.dtype)
+    F_arr = E_arr if value_proj is None else _check_projection(
+        value_proj, "value_proj", S, q_arr.dtype
+    )
     if F_arr.shape[-2] != E_arr.shape[-2]:
         raise ShapeError(
-            f"F: expected (..., {E_arr.shape[-2]}, {S}) to match E's k = {E_arr.shape[-2]}, "
+            f"value_proj: expected (..., {E_arr.shape[-2]}, {S}) to match key_proj's rank "
+                f"r = {E_arr.shape[-2]}, "
             f"got {shape_str(F_arr.shape)}"
         )
     keys = E_arr @ k_arr  # (..., k, D)
