@@ -75,7 +75,8 @@ def test_linformer_refuses_causal_and_bad_shapes():
     q, k, v = qkv(10, 10)
     with pytest.raises(AttnlabError, match="causal: Linformer has no causal form"):
         linformer_attention(q, k, v, np.eye(10), is_causal=True)
-    with pytest.raises(ShapeError, match=r"key_proj: expected \(\.\.\., r, S\) with S = 10, got \(4, 9\)"):
+    with pytest.raises(ShapeError,
+                       match=r"key_proj: expected \(\.\.\., r, S\) with S = 10, got \(4, 9\)"):
         linformer_attention(q, k, v, np.ones((4, 9)))
     with pytest.raises(ShapeError, match="value_proj: expected"):
         linformer_attention(q, k, v, np.ones((4, 10)), np.ones((3, 10)))
