@@ -43,8 +43,8 @@ except ImportError:  # running from a checkout without installing: use ./src
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import attnlab
 
-from attnlab.lens.grad_diagnostics import DEFAULT_VANISH_BELOW
 from attnlab.backward import sdpa_backward
+from attnlab.lens.grad_diagnostics import DEFAULT_VANISH_BELOW
 
 VALUE_DIM = 64
 COLUMNS = [
@@ -101,11 +101,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def plot(rows: list[dict[str, Any]], path: Path) -> Path:
     """Three panels against d_k (log axis): saturation, |∂L/∂z|, |∂L/∂q|."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from attnlab.report.figures import new_figure, save_figure
 
-    fig = Figure(figsize=(13, 3.8), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure((13, 3.8), feature="The grad_scaling plot")
     panels = [
         ("mean_max_weight", "mean largest weight", "softmax saturation", False),
         ("dlogits_median", "median ‖∂L/∂z‖ per row", "gradient at the softmax input", True),
@@ -125,12 +123,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.legend()
-    try:
-        from attnlab.report.heatmaps import save_figure
-    except ImportError:  # pragma: no cover - an older attnlab without viz
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=150)
-        return path
     return save_figure(fig, path)
 
 

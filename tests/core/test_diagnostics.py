@@ -21,6 +21,7 @@ from attnlab.lens.diagnostics import (
     diagnose_trace,
     trace_weights,
 )
+from attnlab.report import diagnostics_table
 
 T = 4
 UNIFORM = np.full((T, T), 1 / T)
@@ -298,16 +299,16 @@ def test_to_dict_and_to_json_round_trip_without_nan() -> None:
 
 def test_to_table_in_english_and_chinese() -> None:
     report = diagnose(heads(IDENTITY, IDENTITY), TOKENS)
-    english = report.to_table()
+    english = diagnostics_table(report)
     assert "entropy" in english and "over-sparse" in english and "1~2" in english
     lines = english.splitlines()
     assert lines[2].split()[:4] == ["1", "1", "0.000", "1.000"]
-    chinese = report.to_table("zh")
+    chinese = diagnostics_table(report, "zh")
     assert "归一化熵" in chinese and "过度稀疏" in chinese and "近似重复的头" in chinese
     assert "过度稀疏、关注自身" in chinese  # Chinese enumeration comma between flags
     assert "over-sparse, self" in english
     with pytest.raises(AttnlabError, match="lang"):
-        report.to_table("fr")  # type: ignore[arg-type]
+        diagnostics_table(report, "fr")  # type: ignore[arg-type]
 
 
 def test_trace_from_explain_is_diagnosed_like_its_weights() -> None:

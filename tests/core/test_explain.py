@@ -10,6 +10,16 @@ import pytest
 
 import attnlab
 from attnlab import AttnlabError, ShapeError, explain
+from attnlab.report import (
+    plot,
+    save,
+    step_note,
+    to_json,
+    to_markdown,
+    to_text,
+    view,
+)
+from attnlab.report.text import display_width
 
 
 def test_default_is_seed000_example_with_all_steps():
@@ -40,7 +50,7 @@ def test_same_seed_same_numbers_other_seed_other_numbers():
 
 
 def test_multi_head_causal_trace_matches_multihead_attention():
-    trace = explain(tokens=["小明", "去了", "学校"], num_heads=2, causal=True, d_k=3, seed=1)
+    trace = explain(tokens=["小明", "去了", "学校"], num_heads=2, is_causal=True, d_k=3, seed=1)
     assert trace.heads == [0, 1]
     masked = trace.get("masked", head=0).values
     assert np.isneginf(masked[0, 1]) and np.isneginf(masked[0, 2])
@@ -68,9 +78,9 @@ def test_token_embeddings_are_deterministic_per_token():
 
 
 def test_text_in_english_and_chinese():
-    trace = explain(tokens=["小明", "去了", "学校"], causal=True)
-    en = trace.to_text("en")
-    zh = trace.to_text("zh")
+    trace = explain(tokens=["小明", "去了", "学校"], is_causal=True)
+    en = to_text(trace, "en")
+    zh = to_text(trace, "zh")
     for needle in ("Step 1 · Input X", "Scores Q·Kᵀ", "row sums", "-∞", "shape (3, 3)", "小明"):
         assert needle in en
     for needle in ("第 1 步 · 输入 X", "注意力权重", "每行之和", "形状 (3, 3)", "去了"):
@@ -84,26 +94,25 @@ def test_text_in_english_and_chinese():
 
 def test_text_tables_line_up_with_cjk_tokens():
     """Column labels sit over their numbers, counting a CJK character as two columns."""
-    from attnlab.trace import _width
-
-    zh = explain(tokens=["小明", "去了", "学校"]).to_text("zh").splitlines()
+    zh = to_text(explain(tokens=["小明", "去了", "学校"]), "zh").splitlines()
     header = next(i for i, line in enumerate(zh) if line.rstrip().endswith("每行之和"))
     row = zh[header + 1]  # "  小明 [0.2... 0.3... 0.4...]   1.0000"
     top = zh[header]
-    label_ends = [_width(top[:top.index(t) + len(t)]) for t in ("小明", "去了", "学校")]
+    label_ends = [display_width(top[:top.index(t) + len(t)]) for t in ("小明", "去了", "学校")]
     inside = row.index("[") + 1
-    cell_ends = [_width(row[:inside + m.end()])
+    cell_ends = [display_width(row[:inside + m.end()])
                  for m in re.finditer(r"\S+", row[inside:row.index("]")])]
     assert label_ends == cell_ends
-    sums_at = _width(top[:top.index("每行之和")])
-    assert sums_at == _width(row[:row.rindex("1.0000")])
+    sums_at = display_width(top[:top.index("每行之和")])
+    assert sums_at == display_width(row[:row.rindex("1.0000")])
 
 
 def test_step_notes_are_true_and_multi_head_steps_are_labelled():
-    trace = explain(tokens=["小明", "去了", "学校"], num_heads=2, causal=True)
-    en, zh = trace.to_text("en"), trace.to_text("zh")
+    trace = explain(tokens=["小明", "去了", "学校"], num_heads=2, is_causal=True)
+    en, zh = to_text(trace, "en"), to_text(trace, "zh")
     # The scaling step names the real reason: variance growing with d_k, softmax saturation.
-    scaled_en, scaled_zh = trace.get("scaled").note("en"), trace.get("scaled").note("zh")
+    scaled = trace.get("scaled")
+    scaled_en, scaled_zh = step_note(scaled, "en"), step_note(scaled, "zh")
     assert "variance" in scaled_en and "saturate" in scaled_en
     assert "方差" in scaled_zh and "饱和" in scaled_zh
     assert "Step 5 · Queries Q [head 1]" in en
@@ -114,8 +123,8 @@ def test_step_notes_are_true_and_multi_head_steps_are_labelled():
 
 
 def test_summary_names_the_most_attended_token_per_head():
-    trace = explain(tokens=["小明", "去了", "学校"], num_heads=2, causal=True)
-    en, zh, md = trace.to_text("en"), trace.to_text("zh"), trace.to_markdown("zh")
+    trace = explain(tokens=["小明", "去了", "学校"], num_heads=2, is_causal=True)
+    en, zh, md = to_text(trace, "en"), to_text(trace, "zh"), to_markdown(trace, "zh")
     for h in (0, 1):
         w = trace.get("weights", head=h).values
         tokens = trace.tokens
@@ -126,25 +135,30 @@ def test_summary_names_the_most_attended_token_per_head():
         assert f"- 第 {h + 1} 个头：" + " · ".join(pairs) in md
     assert en.splitlines()[-4] == "== Summary =="
     assert "小明 → 小明 (1.0000)" in zh  # causal: the first token can only see itself
-    one_head = explain().to_text("en").splitlines()
+    one_head = to_text(explain(), "en").splitlines()
     assert one_head[-1].startswith("  word1 → ")  # one head: no head label
 
 
 def test_json_roundtrip_and_minus_inf_as_null():
-    trace = explain(causal=True)
-    data = json.loads(trace.to_json())
+    trace = explain(is_causal=True)
+    data = json.loads(to_json(trace))
     assert [s["key"] for s in data["steps"]] == [s.key for s in trace]
     masked = next(s for s in data["steps"] if s["key"] == "masked")
     assert masked["values"][0][1] is None  # -inf is not JSON: written as null
     weights = next(s for s in data["steps"] if s["key"] == "weights")
     np.testing.assert_allclose(weights["values"], trace.get("weights").values, atol=0)
     assert weights["title"]["zh"] == "注意力权重"
-    assert data["meta"]["causal"] is True
+    assert data["meta"]["is_causal"] is True
+    # The trace itself is data: its own dict has the same steps and numbers, no titles.
+    plain = json.loads(trace.to_json())
+    assert "title" not in plain["steps"][0]
+    assert [{k: v for k, v in step.items() if k != "title"} for step in data["steps"]] \
+        == plain["steps"]
 
 
 def test_markdown_has_one_table_per_step_and_escapes_tokens():
     trace = explain(tokens=["a|b", "<i>", "c"])
-    md = trace.to_markdown("en")
+    md = to_markdown(trace, "en")
     assert md.count("\n## Step ") == len(trace)
     assert md.count("\n## ") == len(trace) + 1 and "\n## Summary\n" in md
     assert "a\\|b" in md and "&lt;i&gt;" in md and "<i>" not in md
@@ -152,11 +166,13 @@ def test_markdown_has_one_table_per_step_and_escapes_tokens():
 
 
 def test_save_writes_all_outputs(tmp_path):
-    written = explain(tokens=["小明", "去了", "学校"]).save(tmp_path / "out", lang="zh")
+    written = save(explain(tokens=["小明", "去了", "学校"]), tmp_path / "out", lang="zh")
     names = sorted(p.name for p in written)
     assert names == ["heatmap.png", "heatmap.svg", "trace.json", "trace.md"]
     assert (tmp_path / "out" / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "注意力计算过程" in (tmp_path / "out" / "trace.md").read_text(encoding="utf-8")
+    saved = json.loads((tmp_path / "out" / "trace.json").read_text(encoding="utf-8"))
+    assert saved["steps"][0]["title"] == {"en": "Input X", "zh": "输入 X"}
 
 
 def test_explain_validation():
@@ -171,25 +187,41 @@ def test_explain_validation():
     with pytest.raises(AttnlabError, match="Wo: only used with num_heads > 1"):
         explain(Wo=np.eye(3))
     with pytest.raises(AttnlabError, match="lang: expected 'en' or 'zh', got 'fr'"):
-        explain().to_text("fr")  # type: ignore[arg-type]
+        to_text(explain(), "fr")  # type: ignore[arg-type]
     with pytest.raises(AttnlabError, match="key: expected one of"):
         explain().get("nope")
 
 
-def test_trace_shows_as_the_viewer_in_jupyter():
+def test_view_of_a_trace_shows_in_jupyter():
     trace = explain(tokens=["小明", "去了", "学校"], num_heads=2)
     assert trace.attention().shape == (1, 2, 3, 3)
-    html = trace._repr_html_()
-    assert html is not None and html.startswith("<iframe") and "srcdoc=" in html
-    assert "小明" in trace.view().html
+    html = view(trace)._repr_html_()
+    assert html.startswith("<iframe") and "srcdoc=" in html
+    assert "小明" in view(trace).html
     no_weights = attnlab.Trace(steps=[trace.get("X")], tokens=trace.tokens)
-    assert no_weights._repr_html_() is None
     with pytest.raises(AttnlabError, match="expected a trace holding 'weights' steps"):
         no_weights.attention()
+    with pytest.raises(AttnlabError, match="expected a trace holding 'weights' steps"):
+        view(no_weights)
+
+
+def test_the_trace_module_holds_no_words_and_imports_no_renderer():
+    import ast
+    import inspect
+
+    import attnlab.trace
+
+    source = inspect.getsource(attnlab.trace)
+    imported = {node.module for node in ast.walk(ast.parse(source))
+                if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(ast.parse(source))
+                 if isinstance(node, ast.Import) for alias in node.names}
+    assert not any(name and ("report" in name or "matplotlib" in name) for name in imported)
+    assert "注意力" not in source and not hasattr(attnlab.Trace, "to_text")
 
 
 def test_single_head_heatmap_has_seed000_title():
-    figure = explain().plot(lang="zh")
+    figure = plot(explain(), lang="zh")
     assert figure.axes[0].get_title() == "注意力权重热图"
 
 

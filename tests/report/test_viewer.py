@@ -220,3 +220,23 @@ def test_view_from_trace() -> None:
     data = embedded_json(view.html)
     assert data["shape"] == [1, 2, 3, 3] and data["tokens"] == ["小明", "去了", "学校"]
     np.testing.assert_allclose(data["weights"][0], trace.weights(), atol=5e-5)
+
+
+def test_page_assets_are_package_data_files() -> None:
+    """The CSS, JavaScript and page template ship as files an installed wheel carries."""
+    import fnmatch
+    from importlib import resources
+
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))[
+        "tool"]["setuptools"]["package-data"]["attnlab"]
+    assets = resources.files("attnlab.report").joinpath("assets")
+    names = sorted(entry.name for entry in assets.iterdir())
+    assert names == ["viewer.css", "viewer.html", "viewer.js"]
+    for name in names:
+        assert any(fnmatch.fnmatch(f"report/assets/{name}", glob) for glob in globs), name
+    script, style = script_and_style(render_html(random_weights(), TOKENS))
+    assert script == assets.joinpath("viewer.js").read_text(encoding="utf-8").strip()
+    assert style == assets.joinpath("viewer.css").read_text(encoding="utf-8").strip()

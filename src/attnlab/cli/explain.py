@@ -42,6 +42,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..lens.explain import explain
+    from ..report import save, to_json, to_markdown, to_text
 
     tokens = text_argument(args.tokens, "--tokens").split() if args.tokens is not None else None
     if tokens is not None and not tokens:
@@ -62,16 +63,16 @@ def run(args: argparse.Namespace) -> int:
     out_dir = prepare_out_dir(args.out) if args.out is not None else None
     trace = explain(
         X, tokens=tokens, d_k=args.d_k, d_model=d_model, num_heads=args.heads,
-        causal=args.causal, seed=args.seed, scheme=args.init,
+        is_causal=args.causal, seed=args.seed, scheme=args.init,
     )
     if args.fmt == "json":
-        print(trace.to_json())
+        print(to_json(trace))
     elif args.fmt == "markdown":
-        print(trace.to_markdown(args.lang, precision=args.precision))
+        print(to_markdown(trace, args.lang, precision=args.precision))
     else:
-        print(trace.to_text(args.lang, precision=args.precision))
+        print(to_text(trace, args.lang, precision=args.precision))
     if out_dir is not None:
-        written = trace.save(out_dir, lang=args.lang)
+        written = save(trace, out_dir, lang=args.lang)
         label = "已写入" if args.lang == "zh" else "wrote"
         for path in written:
             print(f"{label} {path}", file=sys.stderr)

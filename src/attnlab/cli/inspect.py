@@ -60,8 +60,13 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ..lens.diagnostics import diagnose
     from ..models import load_bert, load_minilm
-    from ..report.heatmaps import plot_attention, plot_head_grid, save_figure
-    from ..report.viewer import AttentionView
+    from ..report import (
+        AttentionView,
+        diagnostics_table,
+        plot_attention,
+        plot_head_grid,
+        save_figure,
+    )
 
     args.text = text_argument(args.text, "text")
     if not args.text.strip():
@@ -100,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"（表中的层和头按所选范围重新编号：层 {chosen_layers}，头 {chosen_heads}）" if zh
                   else f"(rows numbered within the selection: layers {chosen_layers}, "
                   f"heads {chosen_heads})")
-        print(diagnostics.to_table(args.lang))
+        print(diagnostics_table(diagnostics, args.lang))
     label = "已写入" if zh else "wrote"
     for path in written:
         print(f"{label} {path}", file=sys.stderr)

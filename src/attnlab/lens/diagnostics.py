@@ -64,8 +64,8 @@ Weight on keys that may not be attended to must be ~0 (at most ``WEIGHT_TOL``): 
 means the mask given here is not the mask the model used, and is reported as an error
 rather than silently ignored.
 
-Layers and heads are 0-based in :meth:`Diagnostics.to_dict` and 1-based in
-:meth:`Diagnostics.to_table`, like :class:`attnlab.Trace`.
+Layers and heads are 0-based in :meth:`Diagnostics.to_dict`; the printed table
+(:func:`attnlab.report.diagnostics_table`, in English or Chinese) numbers them from 1.
 
 >>> import numpy as np
 >>> report = diagnose(np.full((1, 2, 3, 3), 1 / 3), ["[CLS]", "hi", "[SEP]"])
@@ -79,10 +79,9 @@ from __future__ import annotations
 
 import json
 import math
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -108,6 +107,7 @@ __all__ = [
     "NEAR_DUPLICATE_JS",
     "WEIGHT_TOL",
     "SPECIAL_TOKENS",
+    "check_weights",
     "HeadDiagnostics",
     "LayerDiagnostics",
     "Diagnostics",
@@ -115,8 +115,6 @@ __all__ = [
     "diagnose_trace",
     "trace_weights",
 ]
-
-Lang = Literal["en", "zh"]
 
 NEAR_UNIFORM_ENTROPY = 0.9
 """A head is near uniform when its mean normalised row entropy is above this."""
@@ -137,27 +135,6 @@ WEIGHT_TOL = 1e-3
 error 2**-11 per entry) sum to 1 within 5e-4, whatever S is."""
 SPECIAL_TOKENS = ("[CLS]", "[SEP]")
 """Tokens whose keys count as attention sinks when ``special_indices`` is not given."""
-
-_FLAG_TEXT = {
-    "near_uniform": {"en": "near uniform", "zh": "近似均匀"},
-    "over_sparse": {"en": "over-sparse", "zh": "过度稀疏"},
-    "sink": {"en": "sink", "zh": "汇聚到特殊词"},
-    "previous_token": {"en": "previous-token", "zh": "关注前一个词"},
-    "next_token": {"en": "next-token", "zh": "关注后一个词"},
-    "self": {"en": "self", "zh": "关注自身"},
-}
-_HEAD_COLUMNS = {
-    "en": ["layer", "head", "entropy", "max w", "[CLS]/[SEP]", "prev", "next", "self",
-           "flags"],
-    "zh": ["层", "头", "归一化熵", "平均最大权重", "[CLS]/[SEP] 占比", "前一个词", "后一个词",
-           "自身", "提示"],
-}
-_LAYER_COLUMNS = {
-    "en": ["layer", "mean JS distance", "closest heads", "near-duplicate heads"],
-    "zh": ["层", "平均 JS 距离", "最相近的两个头", "近似重复的头"],
-}
-_LIST_SEP = {"en": ", ", "zh": "、"}  # between flags, between head pairs
-
 
 @dataclass(frozen=True)
 class HeadDiagnostics:
@@ -265,29 +242,6 @@ class Diagnostics:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False, indent=indent, allow_nan=False)
 
-    def to_table(self, lang: Lang = "en", *, precision: int = 3) -> str:
-        """Plain-text tables for a terminal: one row per head, then one per layer."""
-        if lang not in _FLAG_TEXT["sink"]:
-            raise AttnlabError(f"lang: expected 'en' or 'zh', got {lang!r}")
-        rows = [[str(h.layer + 1), str(h.head + 1),
-                 *(_cell(x, precision) for x in (h.entropy, h.max_weight, h.special_share,
-                                                 h.previous_token, h.next_token,
-                                                 h.self_token)),
-                 _LIST_SEP[lang].join(_FLAG_TEXT[f][lang] for f in h.flags) or "-"]
-                for h in self.heads]
-        out = _table(_HEAD_COLUMNS[lang], rows, left={8})
-        layer_rows = []
-        for layer in self.layers:
-            closest = "-" if layer.closest_pair is None else (
-                f"{layer.closest_pair[0] + 1}~{layer.closest_pair[1] + 1} "
-                f"({layer.closest_pair[2]:.{precision}f})")
-            dupes = _LIST_SEP[lang].join(
-                f"{a + 1}~{b + 1}" for a, b, _ in layer.near_duplicates) or "-"
-            layer_rows.append([str(layer.layer + 1), _cell(layer.mean_js_distance, precision),
-                               closest, dupes])
-        out += [""] + _table(_LAYER_COLUMNS[lang], layer_rows, left={2, 3})
-        return "\n".join(out)
-
 
 # ---------------------------------------------------------------------------- API
 
@@ -321,7 +275,7 @@ def diagnose(
     Returns:
         :class:`Diagnostics` with L*H head records and L layer records.
     """
-    w = _check_weights(weights)  # (L, H, T, S)
+    w = check_weights(weights)  # (L, H, T, S)
     L, H, T, S = w.shape
     tokens_list = _check_tokens(tokens, "tokens", T, "T")
     keys_list = _check_tokens(key_tokens, "key_tokens", S, "S")
@@ -401,7 +355,9 @@ def diagnose_trace(trace: Trace, **options: Any) -> Diagnostics:
 # ---------------------------------------------------------------------- internals
 
 
-def _check_weights(weights: Any) -> np.ndarray:
+def check_weights(weights: Any) -> np.ndarray:
+    """Attention weights as a float (L, H, T, S) array ((H, T, S) gets L = 1), values in
+    [0, 1] within :data:`WEIGHT_TOL`; raises naming ``weights`` otherwise."""
     w = as_float_array(weights, "weights")
     if w.ndim == 3:
         w = w[None]  # (1, H, T, S)
@@ -579,25 +535,3 @@ def _opt(value: Any) -> float | None:
 
 def _num(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
-
-
-def _cell(value: float | None, precision: int) -> str:
-    return "-" if value is None else f"{value:.{precision}f}"
-
-
-def _width(text: str) -> int:
-    """Columns in a terminal: CJK characters take two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
-def _table(header: list[str], rows: list[list[str]], *, left: set[int]) -> list[str]:
-    widths = [max(_width(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        parts = []
-        for i, cell in enumerate(cells):
-            pad = " " * (widths[i] - _width(cell))
-            parts.append(cell + pad if i in left else pad + cell)
-        return "  ".join(parts).rstrip()
-
-    return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]

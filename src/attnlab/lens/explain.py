@@ -10,8 +10,10 @@ with random 4×3 projections Wq, Wk, Wv drawn from a fixed seed (standard
 normal, as the seed's ``np.random.randn(4, 3)``), so every run prints the same
 numbers.
 
-The steps are computed with the same primitives as
-:func:`attnlab.scaled_dot_product_attention` (and tested to give its output).
+The weights and outputs come from the library's one attention kernel
+(:func:`attnlab.kernel.attend`, after :func:`attnlab.kernel.check_inputs`), the
+same as :func:`attnlab.scaled_dot_product_attention`; the scores shown before them
+are the kernel's formula written out, step by step.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import check_inputs, stable_softmax
 from ..errors import (
     AttnlabError,
     ShapeError,
@@ -32,6 +33,7 @@ from ..errors import (
     shape_str,
 )
 from ..init import as_rng, init_weight
+from ..kernel import attend, check_inputs
 from ..trace import Step, Trace
 
 __all__ = ["explain", "SEED_000_X", "token_embeddings"]
@@ -88,7 +90,7 @@ def explain(
     d_model: int = 4,
     num_heads: int = 1,
     mask: Any = None,
-    causal: bool = False,
+    is_causal: bool = False,
     seed: int = 0,
     scheme: str = "normal",
 ) -> Trace:
@@ -102,7 +104,7 @@ def explain(
         Wo       (H*d_k, E_out), optional; without it the heads are just concatenated
                  (seed 000's multi_head_attention)
         mask     bool, broadcastable to (T, T); True = may attend
-        causal   True: token i may attend to tokens j <= i only (combined with mask)
+        is_causal  True: token i may attend to tokens j <= i only (combined with mask)
         -> Trace with steps X, Wq, Wk, Wv, then per head Q, K, V, scores, scaled,
            [masked], weights, output, then concat [, Wo, projected] for H > 1.
 
@@ -111,7 +113,7 @@ def explain(
         Q, K, V = X·Wq_h, X·Wk_h, X·Wv_h           (T, d_k) each
         scores  = Q·Kᵀ                             (T, T)
         scaled  = scores / √d_k
-        masked  = scaled, with -∞ where blocked    (only with mask or causal)
+        masked  = scaled, with -∞ where blocked    (only with mask or is_causal)
         weights = softmax(masked or scaled, axis=-1)   each row sums to 1
         output  = weights·V                        (T, d_k)
 
@@ -126,11 +128,11 @@ def explain(
     ['X', 'Wq', 'Wk', 'Wv', 'Q', 'K']
     >>> trace.get("weights").values.sum(axis=-1).round(6).tolist()
     [1.0, 1.0, 1.0]
-    >>> causal = explain(tokens=["小明", "去了", "学校"], num_heads=2, causal=True)
+    >>> causal = explain(tokens=["小明", "去了", "学校"], num_heads=2, is_causal=True)
     >>> causal.get("weights", head=1).values.shape, causal.output.shape
     ((3, 3), (3, 6))
-    >>> print(causal.to_text("zh").splitlines()[1])
-    词：小明 | 去了 | 学校
+
+    Print it with :func:`attnlab.report.to_text`, save it with :func:`attnlab.report.save`.
     """
     H = check_positive_int(num_heads, "num_heads")
     D = check_positive_int(d_k, "d_k")
@@ -177,10 +179,10 @@ def explain(
         Q = x_arr @ weights["Wq"][:, cols]  # (T, D)
         K = x_arr @ weights["Wk"][:, cols]  # (T, D)
         V = x_arr @ weights["Wv"][:, cols]  # (T, D)
-        # Same validation (mask shape/dtype, causal alignment) as the library's attention.
-        allowed = check_inputs(Q, K, V, mask, is_causal=causal).allowed
+        # The library's one boundary check (mask shape and dtype, causal alignment, ranges).
+        inputs = check_inputs(Q, K, V, mask, is_causal=is_causal, scale=scale)
         scores = Q @ K.T  # (T, T)
-        scaled = scores * scale  # (T, T)
+        scaled = scores * inputs.scale  # (T, T)
         steps += [
             Step("Q", Q, f"Q = X·Wq{part}", **tag),
             Step("K", K, f"K = X·Wk{part}", **tag),
@@ -189,15 +191,14 @@ def explain(
             Step("scaled", scaled, f"scaled = scores / √d_k = scores / √{D}", **tag),
         ]
         source = "scaled"
-        if allowed is not None:
+        if inputs.allowed is not None:
             source = "masked"
-            scaled = np.where(allowed, scaled, -np.inf)  # (T, T)
-            steps.append(Step("masked", scaled, "masked = scaled where allowed, else -∞", **tag))
-        probs = stable_softmax(scaled)  # (T, T)
-        out = probs @ V  # (T, D)
+            masked = np.where(inputs.allowed, scaled, -np.inf)  # (T, T)
+            steps.append(Step("masked", masked, "masked = scaled where allowed, else -∞", **tag))
+        out, probs = attend(inputs.q, inputs.k, inputs.v, inputs.allowed, None, inputs.scale)
         steps += [
-            Step("weights", probs, f"weights = softmax({source}, axis=-1)", **tag),
-            Step("output", out, "output = weights·V", **tag),
+            Step("weights", probs, f"weights = softmax({source}, axis=-1)", **tag),  # (T, T)
+            Step("output", out, "output = weights·V", **tag),  # (T, D)
         ]
         head_outputs.append(out)
 
@@ -214,6 +215,6 @@ def explain(
     elif Wo is not None:
         raise AttnlabError("Wo: only used with num_heads > 1 (it mixes the heads)")
 
-    meta = {"T": T, "E": E, "d_k": D, "num_heads": H, "scale": scale, "causal": causal,
+    meta = {"T": T, "E": E, "d_k": D, "num_heads": H, "scale": scale, "is_causal": is_causal,
             "masked": mask is not None, "seed": seed, "scheme": scheme}
     return Trace(steps=steps, tokens=tokens, meta=meta)

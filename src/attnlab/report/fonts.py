@@ -20,7 +20,8 @@ from typing import Any
 
 from ..errors import AttnlabError, missing_extra
 
-__all__ = ["CJK_FONT_ENV", "MissingCJKFontWarning", "find_cjk_font", "font_context"]
+__all__ = ["CJK_FONT_ENV", "MissingCJKFontWarning", "find_cjk_font", "font_context",
+           "require_matplotlib", "warn_if_cjk_unrenderable"]
 
 CJK_FONT_ENV = "ATTNLAB_CJK_FONT"
 """Environment variable: path to a font file with CJK glyphs, used before any search."""
@@ -69,11 +70,12 @@ class MissingCJKFontWarning(UserWarning):
 # --------------------------------------------------------------------------- fonts
 
 
-def _require_matplotlib() -> None:
+def require_matplotlib(feature: str = "Plotting") -> None:
+    """Raise the ImportError that names the ``viz`` extra if matplotlib is missing."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise missing_extra("matplotlib", "viz", "Plotting") from None
+        raise missing_extra("matplotlib", "viz", feature) from None
 
 
 def _font_covers(fname: str, index: int, text: str) -> bool:
@@ -160,7 +162,7 @@ def find_cjk_font() -> str | None:
     Example: ``find_cjk_font()`` -> ``'Noto Sans CJK SC'`` on a machine with
     Debian's fonts-noto-cjk.
     """
-    _require_matplotlib()
+    require_matplotlib()
     return _find_cjk_font_cached(os.environ.get(CJK_FONT_ENV) or None)
 
 
@@ -186,7 +188,7 @@ def font_context() -> Iterator[list[str]]:
     >>> families[0]
     'DejaVu Sans'
     """
-    _require_matplotlib()
+    require_matplotlib()
     import matplotlib
 
     families = _font_families()
@@ -194,7 +196,9 @@ def font_context() -> Iterator[list[str]]:
         yield families
 
 
-def _warn_if_cjk_unrenderable(texts: Sequence[str], families: list[str], caller: str) -> None:
+def warn_if_cjk_unrenderable(texts: Sequence[str], families: list[str], caller: str) -> None:
+    """Warn (:class:`MissingCJKFontWarning`, naming ``caller``) if some of ``texts`` has
+    CJK characters and ``families`` holds no CJK font."""
     if len(families) > 1:
         return
     cjk_texts = [text for text in texts if _CJK_RE.search(text)]

@@ -35,10 +35,7 @@ silently. The defaults ``vmin=0.0, vmax=1.0`` fit attention weights; pass
 from __future__ import annotations
 
 import math
-import os
-import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,16 +47,16 @@ from ..errors import (
     as_float_array,
     check_positive_int,
     check_text,
-    make_folder,
     shape_str,
 )
+from .figures import new_figure, save_figure
 from .fonts import (
     CJK_FONT_ENV,
     MissingCJKFontWarning,
-    _require_matplotlib,
-    _warn_if_cjk_unrenderable,
     find_cjk_font,
     font_context,
+    require_matplotlib,
+    warn_if_cjk_unrenderable,
 )
 
 if TYPE_CHECKING:
@@ -73,6 +70,7 @@ __all__ = [
     "find_cjk_font",
     "font_context",
     "plot_attention",
+    "new_figure",
     "plot_head_grid",
     "save_figure",
 ]
@@ -81,7 +79,6 @@ _WEIGHT_TOL = 1e-6  # softmax rows may overshoot 1.0 by a few ulps
 _MAX_TICK_LABELS = 40  # above this many positions, labels overlap: show indices instead
 _MAX_ANNOTATED_CELLS = 100
 _LANGS = ("en", "zh")
-_SUFFIXES = (".png", ".svg")
 
 
 # --------------------------------------------------------------------- validation
@@ -277,7 +274,7 @@ def plot_attention(
     >>> len(fig.axes)  # the heatmap and its colour bar
     2
     """
-    _require_matplotlib()
+    require_matplotlib()
     from matplotlib.axes import Axes as AxesClass
 
     values = as_float_array(weights, "weights")
@@ -298,11 +295,11 @@ def plot_attention(
     x_word, y_word = _axis_words(lang)
 
     with font_context() as families:
-        _warn_if_cjk_unrenderable(
+        warn_if_cjk_unrenderable(
             [*rows, *cols, x_word, y_word, title or ""], families, "plot_attention"
         )
         if ax is None:
-            fig = _new_figure(
+            fig = new_figure(
                 (min(14.0, max(5.5, 0.55 * S + 3.0)), min(12.0, max(4.5, 0.5 * T + 2.0)))
             )
             ax = fig.add_subplot()
@@ -320,15 +317,6 @@ def plot_attention(
         if show_values:
             _annotate_cells(ax, values, colormap, low, high, families)
         fig.colorbar(image, ax=ax)
-    return fig
-
-
-def _new_figure(figsize: tuple[float, float]) -> Figure:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize, layout="constrained")
-    FigureCanvasAgg(fig)  # Agg canvas without pyplot: no global figure manager
     return fig
 
 
@@ -363,7 +351,7 @@ def plot_head_grid(
     >>> len([a for a in fig.axes if a.get_label() != "<colorbar>"])
     8
     """
-    _require_matplotlib()
+    require_matplotlib()
     values = as_float_array(weights, "weights")
     if values.ndim not in (3, 4) or 0 in values.shape:
         raise ShapeError(
@@ -412,12 +400,12 @@ def plot_head_grid(
     panel_size = max(1.4, min(3.0, 16.0 / ncols))
     figsize = (ncols * panel_size + 1.2, nrows * panel_size + (0.9 if title else 0.4))
     with font_context() as families:
-        _warn_if_cjk_unrenderable(
+        warn_if_cjk_unrenderable(
             [*rows, *cols, *panel_titles, x_word, y_word, title or ""],
             families,
             "plot_head_grid",
         )
-        fig = _new_figure(figsize)
+        fig = new_figure(figsize)
         grid = fig.add_gridspec(nrows, ncols)
         axes, images = [], []
         for index in range(count):
@@ -449,53 +437,3 @@ def plot_head_grid(
             fig.suptitle(title, fontfamily=families)
         fig.colorbar(images[0], ax=axes, shrink=0.9)  # one norm: any image will do
     return fig
-
-
-# ------------------------------------------------------------------------- saving
-
-
-def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: float = 150) -> Path:
-    """Write ``fig`` to ``path`` (.png or .svg, chosen by suffix) and return the Path.
-
-    Parent folders are created. SVG text is written as outlines
-    (``svg.fonttype = "path"``), so CJK glyphs show on machines without the font.
-    SVG output carries no date, so the same figure gives the same file.
-
-    Example: ``save_figure(plot_attention(np.eye(3)), "out/attention.png")``.
-    """
-    _require_matplotlib()
-    from matplotlib.figure import Figure as FigureClass
-
-    if not isinstance(fig, FigureClass):
-        raise AttnlabError(f"fig: expected a matplotlib Figure, got {type(fig).__name__}")
-    if not isinstance(path, (str, os.PathLike)):
-        raise AttnlabError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
-    target = Path(path)
-    suffix = target.suffix.lower()
-    if suffix not in _SUFFIXES:
-        raise AttnlabError(
-            f"path: expected a file name ending in {' or '.join(_SUFFIXES)}, "
-            f"got {os.fspath(path)!r}"
-        )
-    if (
-        isinstance(dpi, (bool, np.bool_))
-        or not isinstance(dpi, (int, float, np.integer, np.floating))
-        or not 0 < float(dpi) < math.inf
-    ):
-        raise AttnlabError(f"dpi: expected a positive number, got {dpi!r}")
-    import matplotlib
-
-    make_folder(target.parent, "path")
-    metadata = {"Date": None} if suffix == ".svg" else None
-    with font_context(), matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "attnlab"}):
-        with warnings.catch_warnings():
-            # A token no installed font has (an emoji, a control character) is drawn as a
-            # box; matplotlib would also print two lines of warning per glyph and figure.
-            warnings.filterwarnings("ignore", message="Glyph .* missing from font",
-                                    category=UserWarning)
-            try:
-                fig.savefig(target, format=suffix[1:], dpi=float(dpi), metadata=metadata)
-            except OSError as exc:  # the name is a folder, no permission, disk full
-                raise AttnlabError(f"path: cannot write {os.fspath(path)!r} "
-                                   f"({exc.strerror or exc})") from None
-    return target

@@ -646,9 +646,9 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def _figure(ncols: int, width: float = 5.0, height: float = 4.2) -> Any:
-    from ..report.heatmaps import _new_figure
+    from ..report.figures import new_figure
 
-    fig = _new_figure((width * ncols, height))
+    fig = new_figure((width * ncols, height))
     return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
 
 

@@ -586,13 +586,11 @@ def profile(
 
 def plot_shares(report: Mapping[str, Any]) -> Figure:
     """Share vs T, one panel per model: FLOP-share curves, measured time shares as dots."""
-    from ..report.heatmaps import _new_figure, _require_matplotlib
-
-    _require_matplotlib()
+    from ..report.figures import new_figure
     models = report["models"]
     if not models:
         raise AttnlabError("report: expected at least one model, got none")
-    fig = _new_figure((5.5 * len(models) + 1.5, 5.0))
+    fig = new_figure((5.5 * len(models) + 1.5, 5.0))
     axes = fig.subplots(1, len(models), squeeze=False)[0]
     styles = {"attention": ("C3", "attention (with projections)"),
               "attention_core": ("C1", "attention core (QKᵀ, softmax, ·V)"),

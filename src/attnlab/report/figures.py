@@ -1,0 +1,93 @@
+"""matplotlib figures without pyplot: one factory, and saving to PNG or SVG.
+
+Every figure attnlab draws (heatmaps, benchmark and study plots) comes from
+:func:`new_figure`: a :class:`matplotlib.figure.Figure` on an Agg canvas, so nothing
+imports ``matplotlib.pyplot``, opens a window or touches pyplot's list of figures.
+matplotlib is an optional dependency (``pip install 'attnlab[viz]'``), imported inside
+the functions.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import AttnlabError, make_folder
+from .fonts import font_context, require_matplotlib
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["new_figure", "save_figure"]
+
+_SUFFIXES = (".png", ".svg")
+
+
+def new_figure(figsize: tuple[float, float] = (6.4, 4.2), *,
+               feature: str = "Plotting") -> Figure:
+    """An empty Figure of ``figsize`` inches, constrained layout, on its own Agg canvas.
+
+    Without matplotlib: an ImportError naming ``feature`` and the ``viz`` extra.
+
+    >>> new_figure((3.0, 2.0)).get_size_inches().tolist()
+    [3.0, 2.0]
+    """
+    require_matplotlib(feature)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)  # Agg canvas without pyplot: no global figure manager
+    return fig
+
+
+def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: float = 150) -> Path:
+    """Write ``fig`` to ``path`` (.png or .svg, chosen by suffix) and return the Path.
+
+    Parent folders are created. SVG text is written as outlines
+    (``svg.fonttype = "path"``), so CJK glyphs show on machines without the font.
+    SVG output carries no date, so the same figure gives the same file.
+
+    Example: ``save_figure(plot_attention(np.eye(3)), "out/attention.png")``.
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure as FigureClass
+
+    if not isinstance(fig, FigureClass):
+        raise AttnlabError(f"fig: expected a matplotlib Figure, got {type(fig).__name__}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise AttnlabError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
+    target = Path(path)
+    suffix = target.suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise AttnlabError(
+            f"path: expected a file name ending in {' or '.join(_SUFFIXES)}, "
+            f"got {os.fspath(path)!r}"
+        )
+    if (
+        isinstance(dpi, (bool, np.bool_))
+        or not isinstance(dpi, (int, float, np.integer, np.floating))
+        or not 0 < float(dpi) < math.inf
+    ):
+        raise AttnlabError(f"dpi: expected a positive number, got {dpi!r}")
+    import matplotlib
+
+    make_folder(target.parent, "path")
+    metadata = {"Date": None} if suffix == ".svg" else None
+    with font_context(), matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "attnlab"}):
+        with warnings.catch_warnings():
+            # A token no installed font has (an emoji, a control character) is drawn as a
+            # box; matplotlib would also print two lines of warning per glyph and figure.
+            warnings.filterwarnings("ignore", message="Glyph .* missing from font",
+                                    category=UserWarning)
+            try:
+                fig.savefig(target, format=suffix[1:], dpi=float(dpi), metadata=metadata)
+            except OSError as exc:  # the name is a folder, no permission, disk full
+                raise AttnlabError(f"path: cannot write {os.fspath(path)!r} "
+                                   f"({exc.strerror or exc})") from None
+    return target
