@@ -1,0 +1,111 @@
+"""Settings for the whole suite, made once here rather than in each test file.
+
+- torch's thread count: ``ATTNLAB_TEST_TORCH_THREADS`` (default 1), when torch is
+  installed. scripts/test-numerics.sh runs the numerics tiers at 1 and at 2 threads;
+  a test that changes the count must put it back (checked after every test).
+- NumPy's BLAS is left as the environment sets it (``OPENBLAS_CORETYPE``,
+  ``OPENBLAS_NUM_THREADS``); the report header names the kernel and thread counts
+  the run really used.
+- Tests under tests/core, tests/torch, tests/models and tests/conformance get the
+  ``numerics`` marker: their results depend on the BLAS kernel and the thread
+  counts, so ``pytest -m numerics`` selects them.
+
+Nothing here needs more than NumPy and pytest: tests/core runs without torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+THREADS_VARIABLE = "ATTNLAB_TEST_TORCH_THREADS"
+NUMERICS_TIERS = ("core", "torch", "models", "conformance")
+TESTS = Path(__file__).resolve().parent
+
+
+def _wanted_torch_threads() -> int:
+    raw = os.environ.get(THREADS_VARIABLE, "1")
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise pytest.UsageError(f"{THREADS_VARIABLE}: expected an integer >= 1, got {raw!r}")
+    return int(raw)
+
+
+@functools.cache
+def _torch():  # -> the torch module, or None where it is not installed
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:  # origin None: a namespace package, not torch
+        return None
+    import torch
+
+    return torch
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    wanted = _wanted_torch_threads()  # a bad value stops the run here, torch or not
+    torch = _torch()
+    if torch is not None:
+        torch.set_num_threads(wanted)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [_blas_line(), _torch_line()]
+
+
+def _blas_line() -> str:
+    import numpy as np
+
+    np.ones((2, 2)) @ np.ones((2, 2))  # make sure the BLAS library is loaded
+    coretype = os.environ.get("OPENBLAS_CORETYPE", "unset")
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return f"BLAS: kernel unknown (threadpoolctl not installed), OPENBLAS_CORETYPE={coretype}"
+    blas = [info for info in threadpool_info() if info["user_api"] == "blas"]
+    if not blas:
+        return f"BLAS: none found by threadpoolctl, OPENBLAS_CORETYPE={coretype}"
+    described = ", ".join(
+        f"{info['internal_api']} {info.get('version')} kernel {info.get('architecture')}"
+        f" at {info['num_threads']} threads"
+        for info in blas
+    )
+    return f"BLAS: {described} (OPENBLAS_CORETYPE={coretype})"
+
+
+def _torch_line() -> str:
+    torch = _torch()
+    if torch is None:
+        return "torch: not installed"
+    return (f"torch: {torch.__version__} at {torch.get_num_threads()} threads "
+            f"({THREADS_VARIABLE}={os.environ.get(THREADS_VARIABLE, 'unset, so 1')})")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    numerics = {TESTS / tier for tier in NUMERICS_TIERS}
+    for item in items:
+        if numerics.intersection(Path(item.path).resolve().parents):
+            item.add_marker(pytest.mark.numerics)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_threads_for_the_session() -> None:
+    """Set once more after collection: importing a test module may have changed it."""
+    torch = _torch()
+    if torch is not None:
+        torch.set_num_threads(_wanted_torch_threads())
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_are_restored(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    torch = _torch()
+    wanted = _wanted_torch_threads()
+    if torch is not None and torch.get_num_threads() != wanted:
+        now = torch.get_num_threads()
+        torch.set_num_threads(wanted)  # so that the tests after this one still run as asked
+        pytest.fail(f"{request.node.nodeid} left torch at {now} threads instead of {wanted}; "
+                    "a test that changes the thread count must restore it")

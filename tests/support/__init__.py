@@ -1,0 +1,1 @@
+"""Helpers shared by more than one test tier: NumPy only, so tests/core can use them."""
