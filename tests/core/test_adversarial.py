@@ -14,6 +14,7 @@ import pytest
 
 import attnlab
 from attnlab.errors import AttnlabError
+from attnlab.report.text import to_markdown, to_text
 
 # The torch twin's cases are in tests/torch/test_adversarial_torch.py; the views,
 # files and CLI ones in tests/report/test_adversarial_report.py.
@@ -120,16 +121,16 @@ def test_a_kv_cache_refuses_to_grow_past_the_limit(monkeypatch):
 @pytest.mark.parametrize("precision", [-1, 1.5, True, 18, "4"])
 def test_trace_text_refuses_a_bad_precision(precision):
     trace = attnlab.explain()
-    for render in (trace.to_text, trace.to_markdown):
+    for render in (to_text, to_markdown):
         with pytest.raises(AttnlabError, match=r"^precision: expected an integer number of "
                                                r"decimals in 0\.\.17, got "):
-            render("en", precision=precision)
+            render(trace, "en", precision=precision)
 
 
 def test_trace_text_takes_the_extreme_precisions():
     trace = attnlab.explain()
-    assert "0.6652" not in trace.to_text(precision=0)
-    assert trace.to_text(precision=np.int64(17)).count(".") > 10
+    assert "0.6652" not in to_text(trace, precision=0)
+    assert to_text(trace, precision=np.int64(17)).count(".") > 10
 
 
 # ---------------------------------------------------------------- found by test_property_errors.py

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import attnlab
+from attnlab import report
 from attnlab.errors import AttnlabError
 
 # ---------------------------------------------------------------- G. traces, views, files
@@ -35,7 +36,7 @@ def test_a_lone_surrogate_token_is_named_before_anything_is_written(tmp_path):
     trace = attnlab.explain()
     trace.tokens = ["a", "caf\udce9", "c"]  # what undecodable bytes become in a str
     with pytest.raises(AttnlabError, match=rf"^tokens\[1\]: {LONE} '\\udce9' at index 3"):
-        trace.save(tmp_path / "out")
+        report.save(trace, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     with pytest.raises(AttnlabError, match=rf"^tokens\[1\]: {LONE}"):
         attnlab.explain(tokens=["a", "caf\udce9"])
@@ -53,10 +54,10 @@ def test_saving_under_a_regular_file_names_the_file(tmp_path):
     trace = attnlab.explain()
     with pytest.raises(AttnlabError, match=r"^out_dir: cannot create the folder .*file/sub'?: "
                                            r".*file'? is a file$"):
-        trace.save(tmp_path / "file" / "sub")
+        report.save(trace, tmp_path / "file" / "sub")
     with pytest.raises(AttnlabError, match=r"^out_dir: expected a folder, got .*file'?, "
                                            r"which is a file$"):
-        trace.save(tmp_path / "file")
+        report.save(trace, tmp_path / "file")
     view = AttentionView(np.full((1, 1, 2, 2), 0.5), ["a", "b"])
     with pytest.raises(AttnlabError, match=r"^path: cannot create the folder .*: .* is a file$"):
         view.save(tmp_path / "file" / "sub" / "view.html")
