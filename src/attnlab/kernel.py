@@ -44,6 +44,7 @@ __all__ = [
     "abs_max",
     "attend",
     "check_inputs",
+    "check_key_padding",
     "check_mask_and_bias",
     "check_score_range",
     "softmax_rows",
@@ -154,6 +155,19 @@ def check_inputs(
     return AttentionInputs(q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, is_causal,
                            out_dtype, tuple(batch))
 
+
+
+def check_key_padding(key_padding: Any, batch: tuple[int, ...], S: int) -> np.ndarray | None:
+    """Validate ``key_padding``: bool (..., S), True = a real key, broadcastable to (*batch, S).
+
+    Returns it as an array of at least one dim (a 0-d flag has no key axis to
+    index), or None.
+    """
+    if key_padding is None:
+        return None
+    arr = as_bool_mask(key_padding, "key_padding")
+    check_broadcastable(arr.shape, (*batch, S), "key_padding", "(..., S)")
+    return arr.reshape(1) if arr.ndim == 0 else arr
 
 
 def check_mask_and_bias(

@@ -25,9 +25,15 @@ from typing import Any
 import numpy as np
 
 from ..attention import scaled_dot_product_attention
-from ..errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
-from ..kernel import stable_softmax
-from .sparse import _check_bool, _prepare_key_padding, _prepare_qkv
+from ..errors import (
+    AttnlabError,
+    ShapeError,
+    as_float_array,
+    check_flag,
+    check_positive_int,
+    shape_str,
+)
+from ..kernel import AttentionInputs, check_inputs, check_key_padding, stable_softmax
 
 __all__ = [
     "linformer_projection",
@@ -42,8 +48,15 @@ __all__ = [
 
 
 def _no_causal(is_causal: Any, method: str, why: str) -> None:
-    if _check_bool(is_causal, "is_causal"):
+    if check_flag(is_causal, "is_causal"):
         raise AttnlabError(f"is_causal: {method} has no causal form ({why}); got is_causal=True")
+
+
+def _qkv(
+    inputs: AttentionInputs,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...], float, np.dtype]:
+    """q, k, v, batch dims, scale and output dtype of checked inputs (no T × S cap)."""
+    return inputs.q, inputs.k, inputs.v, inputs.batch, inputs.scale, inputs.out_dtype
 
 
 # ------------------------------------------------------------------------ Linformer
@@ -129,7 +142,9 @@ def linformer_attention(
     True
     """
     _no_causal(is_causal, "Linformer", "each of its k rows mixes all S positions, future included")
-    q_arr, k_arr, v_arr, _, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
+    q_arr, k_arr, v_arr, _, scale_value, out_dtype = _qkv(
+        check_inputs(q, k, v, scale=scale, tiled=True)
+    )
     S = k_arr.shape[-2]
     E_arr = _check_projection(key_proj, "key_proj", S, q_arr.dtype)
     F_arr = E_arr if value_proj is None else _check_projection(
@@ -252,7 +267,9 @@ def nystrom_attention(
     True
     """
     _no_causal(is_causal, "Nyström attention", "its landmarks average over future positions")
-    q_arr, k_arr, v_arr, _, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
+    q_arr, k_arr, v_arr, _, scale_value, out_dtype = _qkv(
+        check_inputs(q, k, v, scale=scale, tiled=True)
+    )
     T, S = q_arr.shape[-2], k_arr.shape[-2]
     m = check_positive_int(num_landmarks, "num_landmarks")
     if m > min(T, S):
@@ -359,8 +376,10 @@ def performer_features(
     if q_arr.ndim < 2 or k_arr.ndim < 2 or q_arr.shape[-1] != k_arr.shape[-1]:
         raise ShapeError(f"q, k: expected (..., T, D) and (..., S, D) with the same D, got "
                          f"{shape_str(q_arr.shape)} and {shape_str(k_arr.shape)}")
-    q_arr, k_arr, _, batch, scale_value, _ = _prepare_qkv(q_arr, k_arr, k_arr[..., :1], scale)
-    padding = _prepare_key_padding(key_padding, batch, k_arr.shape[-2])
+    q_arr, k_arr, _, batch, scale_value, _ = _qkv(
+        check_inputs(q_arr, k_arr, k_arr[..., :1], scale=scale, tiled=True)
+    )
+    padding = check_key_padding(key_padding, batch, k_arr.shape[-2])
     omega = _check_features(projection, q_arr.shape[-1], q_arr.dtype)
     root = np.asarray(np.sqrt(scale_value), dtype=q_arr.dtype)
     phi_q = _positive_features(q_arr * root, omega, axes=(-1,))  # (..., T, M)
@@ -417,9 +436,11 @@ def performer_attention(
     >>> performer_attention(x, x, x, 16, is_causal=True).shape
     (6, 4)
     """
-    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
+    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = _qkv(
+        check_inputs(q, k, v, scale=scale, tiled=True)
+    )
     D = q_arr.shape[-1]
-    is_causal = _check_bool(is_causal, "is_causal")
+    is_causal = check_flag(is_causal, "is_causal")
     if (num_features is None) == (projection is None):
         raise AttnlabError(
             "num_features, projection: expected exactly one of them (a feature count to "

@@ -29,14 +29,12 @@ from ..errors import (
     AttnlabError,
     ShapeError,
     as_array,
-    as_bool_mask,
     check_alloc,
-    check_broadcastable,
     check_flag,
     check_positive_int,
     shape_str,
 )
-from ..kernel import attend, check_inputs
+from ..kernel import AttentionInputs, attend, check_inputs, check_key_padding
 
 __all__ = [
     "sliding_window_mask",
@@ -47,33 +45,14 @@ __all__ = [
 ]
 
 
-# ----------------------------------------------------------------------- validation
-
-
-def _prepare_qkv(
-    q: Any, k: Any, v: Any, scale: float | None
+def _qkv(
+    inputs: AttentionInputs,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...], float, np.dtype]:
-    """Validate q (..., T, D), k (..., S, D), v (..., S, Dv) and the scale.
-
-    The kernel's checks (:func:`attnlab.kernel.check_inputs`), without its cap on
-    T × S (these paths never build the score matrix). Returns the arrays in one
-    compute dtype, the broadcast batch shape, the scale and the output dtype.
-    """
-    inputs = check_inputs(q, k, v, scale=scale, tiled=True)
+    """q, k, v, batch dims, scale and output dtype of checked inputs (no T × S cap)."""
     return inputs.q, inputs.k, inputs.v, inputs.batch, inputs.scale, inputs.out_dtype
 
 
-def _prepare_key_padding(key_padding: Any, batch: tuple[int, ...], S: int) -> np.ndarray | None:
-    """key_padding (..., S) bool, True = a real key; broadcastable to (*batch, S)."""
-    if key_padding is None:
-        return None
-    arr = as_bool_mask(key_padding, "key_padding")
-    check_broadcastable(arr.shape, (*batch, S), "key_padding", "(..., S)")
-    return arr.reshape(1) if arr.ndim == 0 else arr  # a 0-d flag has no key axis to index
-
-
-def _check_bool(value: Any, name: str) -> bool:
-    return check_flag(value, name)
+# ----------------------------------------------------------------------- validation
 
 
 def _check_positions(positions: Any, name: str, S: int) -> np.ndarray:
@@ -182,7 +161,7 @@ def sliding_window_mask(
     T = check_positive_int(T, "T", allow_zero=True)
     sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
-    is_causal = _check_bool(is_causal, "is_causal")
+    is_causal = check_flag(is_causal, "is_causal")
     window = _check_window(window, is_causal)
     global_pos = _check_positions([] if global_tokens is None else global_tokens,
                                   "global_tokens", S)
@@ -240,13 +219,15 @@ def sliding_window_attention(
     >>> sliding_window_attention(x, x, x, 3, is_causal=True).shape
     (6, 4)
     """
-    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
+    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = _qkv(
+        check_inputs(q, k, v, scale=scale, tiled=True)
+    )
     T, S, Dv = q_arr.shape[-2], k_arr.shape[-2], v_arr.shape[-1]
-    is_causal = _check_bool(is_causal, "is_causal")
+    is_causal = check_flag(is_causal, "is_causal")
     window = _check_window(window, is_causal)
     global_pos = _check_positions([] if global_tokens is None else global_tokens,
                                   "global_tokens", S)
-    padding = _prepare_key_padding(key_padding, batch, S)
+    padding = check_key_padding(key_padding, batch, S)
 
     out = np.zeros((*batch, T, Dv), dtype=q_arr.dtype)  # (..., T, Dv)
     offset = S - T  # query i sits at position offset + i
@@ -316,7 +297,7 @@ def bigbird_layout(
            [1, 0, 0, 1, 1]])
     """
     n = check_positive_int(num_blocks, "num_blocks", allow_zero=True)
-    is_causal = _check_bool(is_causal, "is_causal")
+    is_causal = check_flag(is_causal, "is_causal")
     local = check_positive_int(num_local_blocks, "num_local_blocks", allow_zero=True)
     if not is_causal and local % 2 == 0 and local > 0:
         raise AttnlabError(
@@ -442,7 +423,7 @@ def block_sparse_mask(
     sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     block_size = check_positive_int(block_size, "block_size")
-    is_causal = _check_bool(is_causal, "is_causal")
+    is_causal = check_flag(is_causal, "is_causal")
     check_alloc((T, S), np.bool_, "the block-sparse mask (T, S)", sizes)
     grid = _resolve_layout(T, S, block_size, layout, num_local_blocks, num_global_blocks,
                            num_random_blocks, seed, is_causal)
@@ -496,17 +477,19 @@ def block_sparse_attention(
     >>> block_sparse_attention(x, x, x, 4).shape   # 3 blocks: 4 + 4 + 2 rows
     (10, 4)
     """
-    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = _prepare_qkv(q, k, v, scale)
+    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = _qkv(
+        check_inputs(q, k, v, scale=scale, tiled=True)
+    )
     T, S = q_arr.shape[-2], k_arr.shape[-2]
     block_size = check_positive_int(block_size, "block_size")
-    is_causal = _check_bool(is_causal, "is_causal")
+    is_causal = check_flag(is_causal, "is_causal")
     grid = _resolve_layout(T, S, block_size, layout, num_local_blocks, num_global_blocks,
                            num_random_blocks, seed, is_causal)
     width = max(q_arr.shape[-1], v_arr.shape[-1])
     for blocks in grid.shape:  # queries and keys are padded to whole blocks of b rows
         check_alloc((*batch, blocks * block_size, width), q_arr.dtype,
                     "the rows padded to whole blocks (..., n·b, D)", "block_size")
-    padding = _prepare_key_padding(key_padding, batch, S)
+    padding = check_key_padding(key_padding, batch, S)
 
     return _block_sparse_core(q_arr, k_arr, v_arr, grid, block_size, is_causal, padding, batch,
                               scale_value).astype(out_dtype, copy=False)
