@@ -247,7 +247,7 @@ def test_mha_self_attention_causal_with_bias(rng):
 
 
 def test_mha_unbatched_without_biases(rng):
-    mha = MultiHeadAttention.init(4, num_heads=2, bias=False, seed=5)
+    mha = MultiHeadAttention.init(4, num_heads=2, use_bias=False, seed=5)
     check_mha_against_fd(mha, rng.standard_normal((3, 4)), rng.standard_normal((3, 4)))
 
 

@@ -164,7 +164,7 @@ class MultiHeadAttention:
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         d_context: int | None = None,
-        bias: bool = True,
+        use_bias: bool = True,
         scheme: str = "xavier",
         v_gain: float = 1.0,
         seed: int | np.random.Generator | None = 0,
@@ -180,7 +180,9 @@ class MultiHeadAttention:
         ``scheme`` is "xavier", "xavier_normal" or "normal" (the seeds' randn);
         ``v_gain`` < 1 scales Wv down (seed 001's "smaller scale for V").
         ``rope=True`` rotates queries and keys (RoPE, base ``rope_base``);
-        ``alibi=True`` adds ALiBi's per-head linear bias.
+        ``alibi=True`` adds ALiBi's per-head linear bias. ``use_bias=False``
+        leaves out bq, bk, bv and bo (``bias`` is always the additive score bias
+        of a call, never a flag).
         """
         E = check_positive_int(d_model, "d_model")
         H = check_positive_int(num_heads, "num_heads")
@@ -201,10 +203,10 @@ class MultiHeadAttention:
             raise AttnlabError(
                 f"dtype: expected a float dtype (float32, float64), got {float_dtype}"
             )
-        bias, rope = check_flag(bias, "bias"), check_flag(rope, "rope")
+        use_bias, rope = check_flag(use_bias, "use_bias"), check_flag(rope, "rope")
         rng = as_rng(seed)
         def zeros(n: int) -> np.ndarray | None:
-            return np.zeros(n, dtype=dtype) if bias else None
+            return np.zeros(n, dtype=dtype) if use_bias else None
 
         return cls(
             Wq=init_weight(E, H * D, scheme, rng=rng).astype(dtype),

@@ -1,0 +1,101 @@
+"""One vocabulary across the NumPy core: every public attention function and class says
+``is_causal``, ``mask``, ``key_padding``, ``scale``, ``num_heads``, ``return_weights``,
+``norm``, ``window`` — never a synonym. (The torch twin is compared with the NumPy
+core parameter by parameter in tests/torch/test_twins.py.)
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import attnlab
+import attnlab.fast
+import attnlab.nn
+
+#: A synonym that crept in -> the one name attnlab uses for it.
+SYNONYMS = {
+    "causal": "is_causal",
+    "need_weights": "return_weights",
+    "return_attention": "return_weights",
+    "output_attentions": "return_weights",
+    "norm_first": "norm",
+    "attn_mask": "mask",
+    "key_padding_mask": "key_padding",
+    "padding": "key_padding",
+    "h": "num_heads",
+    "n_heads": "num_heads",
+    "nhead": "num_heads",
+    "heads": "num_heads",
+    "window_size": "window",
+    "local_window_size": "window",
+    "softmax_scale": "scale",
+    "sm_scale": "scale",
+    "d_k": "head_dim",
+}
+
+#: Names kept on purpose, with the reason.
+ALLOWED = {
+    # explain(d_k=...) is seed 000's own name for the projection width it teaches.
+    ("explain", "d_k"),
+    # init_qkv(d_model, d_q, d_k, d_v) builds seed 000's Wq, Wk, Wv of widths d_q, d_k, d_v.
+    ("init_qkv", "d_k"),
+    # Recorder(heads=[0, 3]) is the list of heads to keep, not a count of heads.
+    ("Recorder", "heads"),
+}
+
+
+def _public_callables():
+    seen = {}
+    for module in (attnlab, attnlab.fast, attnlab.nn):
+        for name in getattr(module, "__all__", dir(module)):
+            obj = getattr(module, name, None)
+            if obj is None or name.startswith("_") or inspect.ismodule(obj):
+                continue
+            if inspect.isclass(obj):
+                if issubclass(obj, Exception):
+                    continue
+                for method in ("__init__", "__call__", "init", "attend", "append", "forward"):
+                    if method in vars(obj):
+                        seen[f"{name}.{method}"] = getattr(obj, method)
+            elif callable(obj):
+                seen[name] = obj
+    return seen
+
+
+CALLABLES = _public_callables()
+
+
+def test_the_public_api_is_found():
+    # A guard against a collection that silently finds nothing.
+    for expected in ("scaled_dot_product_attention", "flash_attention", "MultiHeadAttention.init",
+                     "MultiHeadAttention.__call__", "sliding_window_attention", "KVCache.attend",
+                     "EncoderBlock.__init__", "explain"):
+        assert expected in CALLABLES
+
+
+@pytest.mark.parametrize("label", sorted(CALLABLES))
+def test_one_name_per_concept(label):
+    params = inspect.signature(CALLABLES[label]).parameters
+    wrong = {
+        p: SYNONYMS[p] for p in params
+        if p in SYNONYMS and (label.split(".")[0], p) not in ALLOWED
+    }
+    assert not wrong, f"{label}: rename {wrong}"
+    # `bias` is the additive score bias of a call, never a has-bias flag.
+    if "bias" in params:
+        assert not isinstance(params["bias"].default, bool), (
+            f"{label}: `bias` is a flag here; call it use_bias"
+        )
+
+
+@pytest.mark.parametrize("label", sorted(
+    name for name, fn in CALLABLES.items()
+    if {"mask", "is_causal"} <= set(inspect.signature(fn).parameters)
+))
+def test_mask_and_causal_are_spelled_and_ordered_alike(label):
+    # Where a function takes a mask and is_causal, is_causal is keyword-only
+    # (a positional True would read as a mask).
+    params = inspect.signature(CALLABLES[label]).parameters
+    assert params["is_causal"].kind is inspect.Parameter.KEYWORD_ONLY, label
