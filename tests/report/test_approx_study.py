@@ -9,15 +9,9 @@ import pytest
 
 from attnlab import AttnlabError
 from attnlab.cli.app import main
-from attnlab.studies.approx import (
-    METHODS,
-    SCHEMA,
-    StudyConfig,
-    capture_minilm_qkv,
-    format_table,
-    run_study,
-    save_study,
-)
+from attnlab.studies.approx import SCHEMA, StudyConfig, capture_minilm_qkv, run_study
+from attnlab.studies.approx_methods import METHODS
+from attnlab.studies.approx_report import format_table, save_study
 
 TINY = StudyConfig(
     lengths=(48,), head_dim=8, windows=(5, 95), block_sizes=(8,), linformer_k=(8,),

@@ -15,17 +15,16 @@ import pytest
 from attnlab.cli.app import main
 from attnlab.errors import AttnlabError
 from attnlab.nn.decoder import DecoderConfig
-from attnlab.studies.bench import (
-    CONTENDERS,
-    SCHEMA,
-    BenchConfig,
+from attnlab.studies.bench import CONTENDERS, BenchConfig, attention_flops, run_benchmarks
+from attnlab.studies.bench_report import format_table
+from attnlab.studies.bench_results import SCHEMA
+from attnlab.studies.measure import (
     Timing,
-    attention_flops,
-    format_table,
+    calls_per_sample,
+    interleaved,
+    limit_threads,
     peak_rss_bytes,
     peak_traced_bytes,
-    run_benchmarks,
-    thread_limits,
 )
 
 torch = pytest.importorskip("torch")
@@ -159,23 +158,25 @@ def test_attention_flops():
     assert attention_flops(2, 8, 128, 256, 64, causal=True) == 2 * 2 * 8 * 128 * 256 * 64
 
 
-def test_thread_limits_restore_both_pools():
+def test_limit_threads_restores_both_pools():
     from threadpoolctl import threadpool_info
 
     def blas_threads():
         return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
 
     before_torch, before_blas = torch.get_num_threads(), blas_threads()
-    with thread_limits(1):
+    with limit_threads(1, torch=True):
         assert torch.get_num_threads() == 1
         assert all(n == 1 for n in blas_threads())
     assert torch.get_num_threads() == before_torch and blas_threads() == before_blas
-    with pytest.raises(RuntimeError, match="boom"), thread_limits(1):
+    with pytest.raises(RuntimeError, match="boom"), limit_threads(1, torch=True):
         raise RuntimeError("boom")
     assert torch.get_num_threads() == before_torch and blas_threads() == before_blas
     with pytest.raises(AttnlabError, match="threads: expected an integer >= 1"):
-        with thread_limits(0):
+        with limit_threads(0):
             pass
+    with limit_threads(None, torch=True):  # None: nothing changes
+        assert torch.get_num_threads() == before_torch and blas_threads() == before_blas
 
 
 def test_tracemalloc_probe_sees_numpy_buffers():
@@ -222,6 +223,16 @@ def test_out_that_cannot_be_a_folder_fails_before_measuring(capsys, tmp_path):
 
 def test_a_huge_min_time_caps_the_loop_instead_of_overflowing():
     """min_time / (one call's seconds) = inf: math.ceil(inf) was an OverflowError (exit 1)."""
-    from attnlab.studies.bench import _calls_per_sample
+    assert calls_per_sample(lambda: None, 1e308) == 10_000
 
-    assert _calls_per_sample(lambda: None, 1e308) == 10_000
+
+def test_interleaved_rotates_the_order_and_takes_medians():
+    order: list[str] = []
+    rounds: list[int] = []
+    calls = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    timings = interleaved(calls, 3, after_round=rounds.append)
+    assert order == list("abc" "bca" "cab") and rounds == [0, 1, 2]
+    assert set(timings) == set("abc")
+    assert all(len(t.samples) == 3 and t.calls_per_sample == 1 for t in timings.values())
+    # min_time 0: a stateful call runs exactly once per sample, never to calibrate.
+    assert calls_per_sample(lambda: order.append("x"), 0.0) == 1 and "x" not in order

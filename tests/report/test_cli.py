@@ -181,3 +181,31 @@ def test_memory_error_is_a_one_line_usage_error(capsys, monkeypatch):
     code, out, err = run(capsys, "explain")
     assert code == 2 and err == ("error: not enough memory: Unable to allocate 7.28 TiB for an "
                                  "array; use smaller sizes\n")
+
+
+@pytest.mark.parametrize("command, option", [
+    (["bench", "--quick", "--no-progress"], "--lengths"),
+    (["bench", "--quick", "--no-progress"], "--contexts"),
+    (["profile", "--quick"], "--seq-lens"),
+    (["approx", "--quick", "--no-minilm"], "--lengths"),
+    (["approx", "--quick"], "--minilm-lengths"),
+])
+@pytest.mark.parametrize("value, expected", [
+    ("16,x", "expected comma-separated integers like"),
+    ("0,16", "expected positive integers like"),
+    ("", "expected positive integers like"),
+])
+def test_every_integer_list_option_has_one_parser(capsys, command, option, value, expected):
+    """One parser (cli.args.int_list) for every T,T,... option: the same one-line errors."""
+    code = main([*command, option, value])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.startswith(f"error: {option}: {expected}")
+    assert captured.err.count("\n") == 1
+
+
+def test_integer_lists_take_commas_and_spaces():
+    from attnlab.cli.args import int_list
+
+    assert int_list("16, 40", "--lengths") == int_list("16 40", "--lengths") == (16, 40)
+    assert int_list("8,,16,", "--lengths") == (8, 16)

@@ -6,19 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .args import CliError, check_memory, prepare_out_dir
-
-
-def _lengths(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.replace(",", " ").split())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected positive integers like '256,1024', got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected positive integers like '256,1024', got {text!r}")
-    return values
+from .args import CliError, check_memory, int_list, prepare_out_dir
 
 
 def add_parser(sub: Any) -> None:
@@ -30,7 +18,8 @@ def add_parser(sub: Any) -> None:
         "Linformer, Nyström and Performer, each at several knob values and lengths, on "
         "near-uniform and peaked Gaussian inputs and on real MiniLM Q/K/V. Prints a table "
         "and where each method is worse than exact attention; --out also writes approx.json "
-        "and PNG plots. Timings are best-of-N on this machine: close other work first.",
+        "and PNG plots. Timings are medians of N interleaved runs on this machine: close "
+        "other work first.",
     )
     ap.add_argument("--quick", action="store_true",
                     help="T = 256 and 1024, two values per knob, no T = 16,384 check "
@@ -38,9 +27,9 @@ def add_parser(sub: Any) -> None:
     ap.add_argument("--out", metavar="DIR",
                     help="write approx.json, error_vs_time.png, error_vs_memory.png, "
                          "time_vs_length.png and patterns.png here")
-    ap.add_argument("--lengths", type=_lengths, metavar="T,T,...",
+    ap.add_argument("--lengths", metavar="T,T,...",
                     help="Gaussian-input lengths (default 256,1024,4096; quick 256,1024)")
-    ap.add_argument("--minilm-lengths", type=_lengths, metavar="T,T,...",
+    ap.add_argument("--minilm-lengths", metavar="T,T,...",
                     help="MiniLM-input lengths, at most 256 (default 128,256)")
     ap.add_argument("--no-minilm", action="store_true",
                     help="skip the real MiniLM Q/K/V input")
@@ -54,16 +43,18 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..studies.approx import StudyConfig, format_table, run_study, save_study
+    from ..studies.approx import StudyConfig, run_study
+    from ..studies.approx_report import format_table, save_study
 
     changes: dict[str, Any] = {"seed": args.seed, "minilm": not args.no_minilm}
     if args.threads < 0:
         raise CliError(f"--threads: expected 0 (leave unchanged) or more, got {args.threads}")
     changes["threads"] = args.threads or None
     if args.lengths is not None:
-        changes["lengths"] = args.lengths
+        changes["lengths"] = int_list(args.lengths, "--lengths")
     if args.minilm_lengths is not None:
-        changes["minilm_lengths"] = args.minilm_lengths
+        changes["minilm_lengths"] = int_list(args.minilm_lengths, "--minilm-lengths",
+                                             example="128,256")
     if args.long is not None:
         if args.long < 0:
             raise CliError(f"--long: expected 0 (skip) or a length, got {args.long}")

@@ -1,4 +1,5 @@
-"""Argument parsers and checks shared by the commands: matrices, text, output folders, memory.
+"""Argument parsers and checks shared by the commands: integer lists, matrices, text, output
+folders, memory.
 
 Each raises :class:`CliError`, which :func:`attnlab.cli.main` prints as one line
 (exit status 2).
@@ -24,6 +25,22 @@ class CliError(Exception):
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse's own errors: one line, exit 2
         raise CliError(f"{self.prog}: {message}")
+
+
+def int_list(text: str, option: str, *, example: str = "256,1024") -> tuple[int, ...]:
+    """``--lengths 256,1024``: positive integers separated by commas and/or spaces.
+
+    Raises :class:`CliError` naming ``option`` for a non-integer, a value below 1 or
+    an empty list, e.g. ``--lengths: expected positive integers like 256,1024, got '0'``.
+    """
+    try:
+        values = tuple(int(item) for item in text.replace(",", " ").split())
+    except ValueError:
+        raise CliError(f"{option}: expected comma-separated integers like {example}, "
+                       f"got {text!r}") from None
+    if not values or min(values) < 1:
+        raise CliError(f"{option}: expected positive integers like {example}, got {text!r}")
+    return values
 
 
 def parse_matrix(text: str) -> np.ndarray:

@@ -16,7 +16,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from .args import CliError, prepare_out_dir
+from .args import CliError, int_list, prepare_out_dir
 
 DEFAULT_OUT = "attnlab-bench"
 
@@ -72,17 +72,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def _int_list(text: str, option: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(item) for item in text.split(",") if item.strip())
-    except ValueError:
-        raise CliError(f"{option}: expected comma-separated integers like 256,1024, "
-                       f"got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise CliError(f"{option}: expected positive integers, got {text!r}")
-    return values
-
-
 def _name_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     names = tuple(item.strip() for item in text.split(",") if item.strip())
     unknown = [n for n in names if n not in allowed]
@@ -106,9 +95,9 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.no_memory:
         overrides["measure_memory"] = False
     if args.lengths is not None:
-        overrides["lengths"] = _int_list(args.lengths, "--lengths")
+        overrides["lengths"] = int_list(args.lengths, "--lengths")
     if args.contexts is not None:
-        overrides["contexts"] = _int_list(args.contexts, "--contexts")
+        overrides["contexts"] = int_list(args.contexts, "--contexts", example="128,512")
     if args.sections is not None:
         overrides["sections"] = _name_list(args.sections, "--sections", SECTIONS)
     if args.contenders is not None:
@@ -154,7 +143,8 @@ class _ProgressBar:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..studies.bench import format_table, run_benchmarks, write_report
+    from ..studies.bench import run_benchmarks
+    from ..studies.bench_report import format_table, write_report
 
     config = build_config(args)
     prepare_out_dir(args.out)  # now, not after minutes of measuring

@@ -1,0 +1,215 @@
+"""``attnlab bench``'s results as plain-text tables, PNG plots and files.
+
+:func:`format_table` is what the command prints; :func:`write_report` writes
+results.json, table.txt and (with matplotlib) throughput.png, memory.png,
+decode_latency.png and generate.png.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import make_folder
+from ..report.figures import new_figure, save_figure
+from .bench_results import BenchResult, GenerateRecord
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["format_table", "write_report"]
+
+
+def _figure(figsize: tuple[float, float] = (6.4, 4.2)) -> Figure:
+    return new_figure(figsize, feature="attnlab bench plots")
+
+
+def _mib(n: int | None) -> str:
+    return "—" if n is None else f"{n / 2**20:.1f}"
+
+
+def _spread(value: float, low: float, high: float, digits: int) -> str:
+    return f"{value:.{digits}f} [{low:.{digits}f}–{high:.{digits}f}]"
+
+
+def format_table(result: BenchResult) -> str:
+    """The results as plain-text tables (what ``attnlab bench`` prints)."""
+    cfg = result.config
+    lines = [
+        f"attnlab bench · {cfg.threads} thread{'s' if cfg.threads > 1 else ''} · "
+        f"median of {cfg.repeats} runs [min–max] · {result.seconds:.1f} s",
+    ]
+    if result.attention:
+        names = list(cfg.contenders)
+        width = 22
+        lines += [
+            "",
+            f"Attention forward, {cfg.dtype}, B={cfg.batch} H={cfg.heads} D={cfg.head_dim}, "
+            f"T=S, {'causal' if cfg.causal else 'no mask'}: throughput (GFLOP/s, "
+            f"4·B·H·T·S·D{' / 2' if cfg.causal else ''})",
+            ("T=S".ljust(7) + "".join(n.ljust(width) for n in names)).rstrip(),
+        ]
+        mem_rows = []
+        for T in cfg.lengths:
+            rows = {r.contender: r for r in result.attention if r.T == T}
+            cells, mem_cells = [], []
+            for n in names:
+                r = rows[n]
+                if r.timing is None:
+                    cells.append(("n/a" if r.error is None else r.error.split(":")[0]).ljust(width))
+                    mem_cells.append("—".ljust(width))
+                    continue
+                t = r.timing
+                cells.append(_spread(r.flops / t.median / 1e9, r.flops / t.max / 1e9,
+                                     r.flops / t.min / 1e9, 1).ljust(width))
+                mem = _mib(r.peak_bytes)
+                if r.memory_method == "tracemalloc" and r.rss_peak_bytes is not None:
+                    mem += f" (rss {_mib(r.rss_peak_bytes)})"
+                mem_cells.append(mem.ljust(width))
+            lines.append(str(T).ljust(7) + "".join(cells).rstrip())
+            mem_rows.append(str(T).ljust(7) + "".join(mem_cells).rstrip())
+        lines += ["", "Peak extra memory (MiB; NumPy: tracemalloc, with the RSS growth in "
+                  "brackets; torch: RSS growth)",
+                  ("T=S".ljust(7) + "".join(n.ljust(width) for n in names)).rstrip()]
+        lines += mem_rows
+        notes = sorted({f"{r.contender}: {r.error}" for r in result.attention if r.error})
+        lines += [f"  note: {n}" for n in notes]
+    if result.decode:
+        m = cfg.model
+        lines += [
+            "",
+            f"Decode latency per token (ms), TinyDecoder E={m.d_model} H={m.num_heads} "
+            f"L={m.num_layers} V={m.vocab_size} {m.dtype}",
+            "context".ljust(9) + "cached".ljust(24) + "uncached".ljust(26) + "speed-up".ljust(10)
+            + f"KVCache.attend alone (H={cfg.heads} D={cfg.head_dim})",
+        ]
+        for d in result.decode:
+            c, u, a = d.cached, d.uncached, d.attend
+            lines.append(
+                str(d.context).ljust(9)
+                + _spread(c.median * 1e3, c.min * 1e3, c.max * 1e3, 2).ljust(24)
+                + _spread(u.median * 1e3, u.min * 1e3, u.max * 1e3, 1).ljust(26)
+                + f"{u.median / c.median:.1f}×".ljust(10)
+                + _spread(a.median * 1e3, a.min * 1e3, a.max * 1e3, 3)
+            )
+        fit = result.decode_fit()
+        if fit is not None:
+            for name in ("cached", "uncached", "attend"):
+                f = fit[name]
+                lines.append(
+                    f"  {name}: {f['intercept_s'] * 1e3:.3f} ms + "
+                    f"{f['seconds_per_context_token'] * 1e6:.3f} µs × context "
+                    f"(R² {f['r2_linear']:.3f}); log-log slope {f['loglog_exponent']:.2f}"
+                )
+    g = result.generate
+    if g is not None:
+        lines += [
+            "",
+            f"Generate {g.new_tokens} tokens after a {g.prompt_len}-token prompt "
+            f"(median of {cfg.generate_repeats} runs [min–max])",
+            f"  cached   {_spread(g.cached.median, g.cached.min, g.cached.max, 2)} s",
+            f"  uncached {_spread(g.uncached.median, g.uncached.min, g.uncached.max, 2)} s",
+            f"  speed-up {g.speedup:.1f}×; same tokens: {'yes' if g.same_tokens else 'NO'} "
+            f"(max |Δlogit| {g.max_abs_logit_diff:.1e})",
+        ]
+    return "\n".join(lines)
+
+
+def _attention_plot(result: BenchResult, what: str) -> Figure:
+    cfg = result.config
+    fig = _figure()
+    ax = fig.add_subplot()
+    for name in cfg.contenders:
+        rows = [r for r in result.attention if r.contender == name and r.timing is not None]
+        if what == "memory":
+            rows = [r for r in rows if r.peak_bytes is not None]
+        if not rows:
+            continue
+        xs = [r.T for r in rows]
+        if what == "throughput":
+            timings = [r.timing for r in rows if r.timing is not None]
+            ys = [r.flops / t.median / 1e9 for r, t in zip(rows, timings, strict=True)]
+            low = [y - r.flops / t.max / 1e9 for y, r, t in zip(ys, rows, timings, strict=True)]
+            high = [r.flops / t.min / 1e9 - y for y, r, t in zip(ys, rows, timings, strict=True)]
+            ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=name)
+        else:
+            ax.plot(xs, [max(r.peak_bytes or 0, 1) / 2**20 for r in rows], marker="o",
+                    label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length T = S")
+    if what == "throughput":
+        ax.set_ylabel("GFLOP/s (median, min–max)")
+        ax.set_title(f"Attention forward throughput, {cfg.dtype}, H={cfg.heads} D={cfg.head_dim}, "
+                     f"{cfg.threads} thread(s)")
+    else:
+        ax.set_yscale("log")
+        ax.set_ylabel("peak extra memory (MiB)")
+        ax.set_title("Peak memory (NumPy: tracemalloc; torch: RSS growth)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def _decode_plot(result: BenchResult) -> Figure:
+    fig = _figure()
+    ax = fig.add_subplot()
+    xs = [r.context for r in result.decode]
+    labels = {"cached": "model step, KV cache", "uncached": "model step, recompute all",
+              "attend": f"KVCache.attend alone (H={result.config.heads} "
+                        f"D={result.config.head_dim})"}
+    for name, label in labels.items():
+        ys = [getattr(r, name).median * 1e3 for r in result.decode]
+        low = [y - getattr(r, name).min * 1e3 for y, r in zip(ys, result.decode, strict=True)]
+        high = [getattr(r, name).max * 1e3 - y for y, r in zip(ys, result.decode, strict=True)]
+        ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("latency per token (ms)")
+    ax.set_title("TinyDecoder: one decoding step vs context")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def _generate_plot(g: GenerateRecord) -> Figure:
+    fig = _figure((5.0, 3.6))
+    ax = fig.add_subplot()
+    labels = ["KV cache", "recompute all"]
+    medians = [g.cached.median, g.uncached.median]
+    errors = [[g.cached.median - g.cached.min, g.uncached.median - g.uncached.min],
+              [g.cached.max - g.cached.median, g.uncached.max - g.uncached.median]]
+    ax.bar(labels, medians, yerr=errors, capsize=4, color=["tab:green", "tab:red"])
+    ax.set_ylabel("seconds")
+    ax.set_title(f"{g.new_tokens} tokens after a {g.prompt_len}-token prompt: "
+                 f"{g.speedup:.1f}× faster")
+    return fig
+
+
+def write_report(result: BenchResult, out_dir: str | os.PathLike[str], *, plots: bool = True
+                 ) -> list[Path]:
+    """Write results.json, table.txt and (with ``plots``) the PNG figures into ``out_dir``.
+
+    Returns the paths written.
+    """
+    out = make_folder(out_dir, "out_dir")
+    written = []
+    json_path = out / "results.json"
+    json_path.write_text(result.to_json() + "\n", encoding="utf-8")
+    table_path = out / "table.txt"
+    table_path.write_text(format_table(result) + "\n", encoding="utf-8")
+    written += [json_path, table_path]
+    if plots:
+        figures: list[tuple[str, Figure]] = []
+        if any(r.timing is not None for r in result.attention):
+            figures.append(("throughput.png", _attention_plot(result, "throughput")))
+            if any(r.peak_bytes is not None for r in result.attention):
+                figures.append(("memory.png", _attention_plot(result, "memory")))
+        if result.decode:
+            figures.append(("decode_latency.png", _decode_plot(result)))
+        if result.generate is not None:
+            figures.append(("generate.png", _generate_plot(result.generate)))
+        for name, fig in figures:
+            written.append(save_figure(fig, out / name))
+    return written
