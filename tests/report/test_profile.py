@@ -1,8 +1,9 @@
-"""attnlab.studies.profile: FLOP formulas, the instrumented forward, and ``attnlab profile``.
+"""attnlab.studies.flops and .profile: FLOP formulas, the hooked forward, ``attnlab profile``.
 
 No timing is asserted (timings depend on the machine); only that the timed
-forward computes what the model computes, that every part is charged, and
-that the FLOP formulas match counts done by hand.
+forward is the model's own (same output, bit for bit on the blocks, RoPE and ALiBi
+included), that every part is charged, and that the FLOP formulas match counts done
+by hand.
 """
 
 from __future__ import annotations
@@ -12,25 +13,30 @@ import json
 import numpy as np
 import pytest
 
-from attnlab import EncoderBlock
+from attnlab import EncoderBlock, FeedForward, LayerNorm, MultiHeadAttention
 from attnlab.cli.app import main
 from attnlab.errors import AttnlabError
-from attnlab.studies.profile import (
-    BERT_BASE,
+from attnlab.studies.flops import (
     GROUPS,
     PARTS,
-    SCHEMA,
-    TINY,
     ModelShape,
-    PartTimer,
     crossovers,
     flop_counts,
     group_totals,
+    shares,
+)
+from attnlab.studies.profile import (
+    BERT_BASE,
+    SCHEMA,
+    TIME_GROUPS,
+    TIME_PARTS,
+    TINY,
+    PartTimer,
     measure,
     profiled_forward,
     profiled_layers,
     random_bert,
-    shares,
+    timed_block,
     with_max_positions,
 )
 
@@ -120,9 +126,8 @@ def test_shares_sum_to_one_over_the_three_groups():
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_profiled_layers_equal_the_blocks_float64(norm):
-    # Tolerance 1e-12: the same float64 operations in the same order; any slack is
-    # rounding, any real difference (a missed mask, a wrong scale) is >= 1e-3.
+def test_profiled_layers_are_the_blocks_themselves(norm):
+    # Bit for bit: the hooked copies run EncoderBlock's own code on the same weights.
     rng = np.random.default_rng(0)
     layers = [EncoderBlock(16, 4, 32, norm=norm, num_kv_heads=kv, seed=i)
               for i, kv in enumerate((4, 2))]
@@ -135,12 +140,37 @@ def test_profiled_layers_equal_the_blocks_float64(norm):
     timer = PartTimer()
     got = profiled_layers(layers, x, mask, timer=timer)
     assert got.dtype == np.float64
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(got, expected)
+    assert set(timer.seconds) == set(TIME_PARTS)
     assert all(seconds > 0 for part, seconds in timer.seconds.items() if part != "embeddings")
     no_mask = x
     for layer in layers:
         no_mask = layer(no_mask)
-    np.testing.assert_allclose(profiled_layers(layers, x), no_mask, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(profiled_layers(layers, x), no_mask)
+
+
+@pytest.mark.parametrize("positions", ["rope", "alibi"])
+def test_profiled_layers_time_rope_and_alibi_blocks_as_they_are(positions):
+    """The old step-by-step copy of the block silently dropped RoPE and ALiBi."""
+    attn = MultiHeadAttention.init(16, 4, seed=0, rope=positions == "rope",
+                                   alibi=positions == "alibi")
+    block = EncoderBlock.from_parts(attn, LayerNorm(16), FeedForward(16, 32), LayerNorm(16))
+    x = np.random.default_rng(1).standard_normal((2, 6, 16))  # (B, T, E)
+    plain = EncoderBlock.from_parts(
+        MultiHeadAttention(attn.Wq, attn.Wk, attn.Wv, attn.Wo, num_heads=4, bq=attn.bq,
+                           bk=attn.bk, bv=attn.bv, bo=attn.bo),
+        block.norm1, block.ffn, block.norm2)
+    got = profiled_layers([block], x)
+    np.testing.assert_array_equal(got, block(x))
+    assert not np.allclose(got, plain(x))  # the positions change the output: they ran
+
+
+def test_timed_block_leaves_the_block_alone():
+    block = EncoderBlock(8, 2, 16, seed=0)
+    parts = (block.attn, block.ffn, block.norm1, block.norm2)
+    timed = timed_block(block, PartTimer())
+    assert (block.attn, block.ffn, block.norm1, block.norm2) == parts
+    assert timed.attn is not block.attn and timed.attn.Wq is block.attn.Wq
 
 
 def test_profiled_forward_equals_model_forward_float32():
@@ -183,12 +213,13 @@ def test_with_max_positions_keeps_short_inputs_and_allows_long_ones():
 def test_measure_report_fields():
     model = random_bert(TINY, seed=3)
     result = measure(model, 8, repeats=2)
-    assert set(result["seconds"]) == set(PARTS)
+    assert set(result["seconds"]) == set(TIME_PARTS)
+    assert set(result["time_share"]) == set(TIME_PARTS) | set(TIME_GROUPS)
     assert result["total_s"] == pytest.approx(sum(result["seconds"].values()))
     assert result["forward_s"] > 0
     assert result["flops"] == flop_counts(ModelShape.of(model), 8)
-    for key in ("time_share", "flop_share"):
-        assert sum(result[key][p] for p in PARTS) == pytest.approx(1.0)
+    assert sum(result["time_share"][p] for p in TIME_PARTS) == pytest.approx(1.0)
+    assert sum(result["flop_share"][p] for p in PARTS) == pytest.approx(1.0)
     with pytest.raises(AttnlabError, match="position table"):
         measure(model, TINY.max_position_embeddings + 1)
 
@@ -218,6 +249,8 @@ def test_cli_quick_json_schema(capsys, tmp_path):
     assert report["schema"] == SCHEMA
     assert report["settings"]["seq_lens"] == [16, 32] and report["settings"]["threads"] == 1
     assert set(report["parts"]) == set(PARTS) and set(report["groups"]) == set(GROUPS)
+    assert set(report["time_parts"]) == set(TIME_PARTS)
+    assert set(report["time_groups"]) == set(TIME_GROUPS)
     (entry,) = report["models"]
     assert entry["shape"]["layers"] == TINY.num_hidden_layers
     assert set(entry["crossovers"]) >= {"core_vs_ffn", "attention_vs_ffn", "attention_share"}

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from .args import CliError, check_memory, prepare_out_dir
+from .args import CliError, check_memory, int_list, prepare_out_dir
 
 MODEL_CHOICES = ("minilm", "bert-base", "tiny")
 DEFAULT_MODELS = "minilm,bert-base"
@@ -27,8 +27,10 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "profile",
         help="share of time and FLOPs in attention vs feed-forward, for MiniLM and BERT-base",
-        description="Time a BERT forward pass part by part (Q/K/V/output projections, QKᵀ, "
-        "softmax, ·V, feed-forward, the rest) and count its FLOPs, at several sequence lengths.",
+        description="Time a BERT forward pass module by module (the real blocks' attention, "
+        "feed-forward and LayerNorm calls, the rest) and count its FLOPs part by part "
+        "(Q/K/V/output projections, QKᵀ, softmax, ·V, feed-forward, the rest), at several "
+        "sequence lengths.",
     )
     p.add_argument("--models", default=None,
                    help=f"comma-separated, from {', '.join(MODEL_CHOICES)} "
@@ -42,23 +44,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch", type=int, default=1, help="sequences per forward (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of token ids and random weights")
     p.add_argument("--no-compare", action="store_true",
-                   help="do not also time the normal (uninstrumented) forward")
+                   help="do not also time the plain forward (without timing hooks)")
     p.add_argument("--quick", action="store_true",
                    help="a tiny 2-layer model at T = 16, 32, one run: checks the pipeline")
     p.add_argument("--json", action="store_true", help="print the report as JSON, not a table")
     p.add_argument("--out", metavar="DIR", help="also write profile.json (and profile_shares.png "
                    "if matplotlib is installed) here")
-
-
-def _int_list(text: str, option: str) -> list[int]:
-    try:
-        values = [int(item) for item in text.split(",") if item.strip()]
-    except ValueError:
-        raise CliError(f"{option}: expected comma-separated integers like 128,512, "
-                       f"got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise CliError(f"{option}: expected positive integers like 128,512, got {text!r}")
-    return values
 
 
 def _positive(value: int, option: str) -> int:
@@ -114,7 +105,7 @@ def _check_sizes(names: list[str], seq_lens: list[int], batch: int) -> None:
         raise CliError(f"--seq-lens/--batch: T = {T} with batch {batch} and {heads} heads needs "
                        f"a score matrix of {n_scores:,} elements, more than the limit of "
                        f"{MAX_SCORE_ELEMENTS:,} (attnlab.attention.MAX_SCORE_ELEMENTS)")
-    # The timed step by step forward holds about five float32 arrays of the scores' size.
+    # A block's attention holds about five float32 arrays of the scores' size at once.
     check_memory(5 * 4 * n_scores, "--seq-lens/--batch",
                  f"T = {T} with batch {batch} ({heads} heads)")
 
@@ -122,8 +113,9 @@ def _check_sizes(names: list[str], seq_lens: list[int], batch: int) -> None:
 def run(args: argparse.Namespace) -> int:
     names = _model_names(args.models if args.models is not None
                          else ("tiny" if args.quick else DEFAULT_MODELS))
-    seq_lens = _int_list(args.seq_lens if args.seq_lens is not None
-                         else (QUICK_SEQ_LENS if args.quick else DEFAULT_SEQ_LENS), "--seq-lens")
+    seq_lens = list(int_list(args.seq_lens if args.seq_lens is not None
+                             else (QUICK_SEQ_LENS if args.quick else DEFAULT_SEQ_LENS),
+                             "--seq-lens", example="128,512"))
     repeats = _positive(args.repeats if args.repeats is not None
                         else (1 if args.quick else DEFAULT_REPEATS), "--repeats")
     threads = _positive(args.threads, "--threads")
@@ -147,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {path}", file=sys.stderr)
         try:
-            from ..report.heatmaps import save_figure
+            from ..report.figures import save_figure
 
             png = save_figure(plot_shares(report), folder / "profile_shares.png")
             print(f"wrote {png}", file=sys.stderr)
@@ -166,6 +158,11 @@ def _pct(x: float) -> str:
     return f"{100 * x:5.1f}%"
 
 
+def _pct_or_dash(x: float | None) -> str:
+    """A share, or "–" for a part that is not timed on its own."""
+    return "–" if x is None else _pct(x)
+
+
 def _fmt_flops(flops: int) -> str:
     for unit, size in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
         if flops >= size:
@@ -178,7 +175,11 @@ def _fmt_T(value: float | None) -> str:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """The terminal table: per model and T, time and FLOP shares of each part and group."""
+    """The terminal table: per model and T, time and FLOP shares of each part and group.
+
+    Time is measured per module (attention, feed-forward, the rest); the attention call
+    is one module, so its split into projections and core (QKᵀ, softmax, ·V) is in FLOPs.
+    """
     s = report["settings"]
     threads = f"{s['threads']} BLAS thread{'s' if s['threads'] != 1 else ''}"
     lines = [f"attnlab profile · batch {s['batch']} · {s['dtype']} · {threads} · "
@@ -195,7 +196,7 @@ def format_report(report: dict[str, Any]) -> str:
         for r in entry["runs"]:
             for kind, key in (("time", "time_share"), ("FLOPs", "flop_share")):
                 share = r[key]
-                cells = " ".join(f"{_pct(share[part]):>7}" for _, part in _COLUMNS)
+                cells = " ".join(f"{_pct_or_dash(share.get(part)):>7}" for _, part in _COLUMNS)
                 if kind == "time":
                     total = f"{1e3 * r['total_s']:,.1f} ms"
                     if r["forward_s"] is not None:
@@ -205,11 +206,13 @@ def format_report(report: dict[str, Any]) -> str:
                     total = _fmt_flops(r["total_flops"])
                     first = " " * 7
                 lines.append(f"{first}  {kind:<5} {cells} │    {_pct(share['attention'])} "
-                             f"({_pct(share['attention_core'])}) │ {_pct(share['feed_forward'])}"
-                             f"  {_pct(share['rest'])} │ {total}")
+                             f"({_pct_or_dash(share.get('attention_core')):>6}) │ "
+                             f"{_pct(share['feed_forward'])}  {_pct(share['rest'])} │ {total}")
         E, H, F = sh["width"], sh["heads"], sh["ffn"]
         c = entry["crossovers"]
         lines += [
+            "  time: the blocks' own modules, timed through hooks (the attention call as one; "
+            "its parts in FLOPs)",
             f"  FLOPs per layer: attention = (8E²+4E)·T + (4E+6H)·T² = {8 * E * E + 4 * E:,}·T "
             f"+ {4 * E + 6 * H:,}·T²;  FFN = (4EF+6F+E)·T = {4 * E * F + 6 * F + E:,}·T",
             f"  attention's T² part (QKᵀ, softmax, ·V) overtakes the FFN at "
