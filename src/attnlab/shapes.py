@@ -1,0 +1,278 @@
+"""Shape checks and KV-cache slot arithmetic shared by the NumPy core and attnlab.torch.
+
+Everything here reads only shapes (tuples of ints) and integers, never array
+values, so the two twins run the same checks with the same messages and the
+same bookkeeping without the torch layer touching NumPy code paths: a shape
+is a ``tuple`` of ints, a NumPy ``.shape`` or a ``torch.Size`` alike. Nothing
+here imports NumPy or torch.
+
+Dimension legend: B batch, H query heads, Hkv key/value heads, T query length
+(new tokens), S key length, D head dim, Dv value head dim, E model width,
+Ekv width of the keys' and values' input, W window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from .errors import MAX_ELEMENTS, AttnlabError, ShapeError, check_positive_int, shape_str
+
+__all__ = [
+    "AttentionShapes",
+    "broadcast_shapes",
+    "check_attention_shapes",
+    "check_score_elements",
+    "check_module_inputs",
+    "check_key_padding_shape",
+    "check_kv_shapes",
+    "check_cache_query_shape",
+    "check_cache_room",
+    "grown_capacity",
+    "held_positions",
+    "ring_segments",
+    "check_window",
+    "check_positions",
+]
+
+Shape = Sequence[int]
+
+
+# ------------------------------------------------------------------ attention inputs
+
+
+class AttentionShapes(NamedTuple):
+    """The sizes of checked attention inputs: q (..., T, D), k (..., S, D), v (..., S, Dv)."""
+
+    batch: tuple[int, ...]  # the broadcast leading dims of q, k and v
+    T: int
+    S: int
+    D: int
+    Dv: int
+
+
+def broadcast_shapes(*shapes: Shape) -> tuple[int, ...] | None:
+    """The broadcast of ``shapes`` by NumPy's rules, or None if they do not broadcast.
+
+    >>> broadcast_shapes((2, 1, 4), (3, 1), ())
+    (2, 3, 4)
+    >>> broadcast_shapes((2,), (3,)) is None
+    True
+    """
+    ndim = max((len(s) for s in shapes), default=0)
+    result = [1] * ndim
+    for shape in shapes:
+        for i, size in enumerate(shape, start=ndim - len(shape)):
+            size = int(size)
+            if size != 1:
+                if result[i] != 1 and result[i] != size:
+                    return None
+                result[i] = size
+    return tuple(result)
+
+
+def check_attention_shapes(q: Shape, k: Shape, v: Shape) -> AttentionShapes:
+    """Check the shapes of q (..., T, D), k (..., S, D), v (..., S, Dv), naming the argument
+    at fault; the leading (batch) dims broadcast against each other."""
+    if len(q) < 2 or len(k) < 2 or len(v) < 2:
+        for name, shape, layout in (("q", q, "(..., T, D)"), ("k", k, "(..., S, D)"),
+                                    ("v", v, "(..., S, Dv)")):
+            if len(shape) < 2:
+                raise ShapeError(f"{name}: expected {layout}, got {shape_str(shape)}")
+    *q_lead, T, D = q
+    *k_lead, S, k_D = k
+    *v_lead, v_S, Dv = v
+    if k_D != D:
+        raise ShapeError(
+            f"k: expected (..., S, {D}) to match q's last dim {D}, got {shape_str(k)}"
+        )
+    if v_S != S:
+        raise ShapeError(
+            f"v: expected (..., {S}, Dv) to match k's length S = {S}, got {shape_str(v)}"
+        )
+    batch: tuple[int, ...] | None = tuple(q_lead)
+    if not q_lead == k_lead == v_lead:  # the common case has nothing to broadcast
+        batch = broadcast_shapes(q_lead, k_lead, v_lead)
+    if batch is None:
+        raise ShapeError(
+            "q, k, v: expected leading (batch) dims that broadcast together, got "
+            f"q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
+        )
+    return AttentionShapes(batch, T, S, D, Dv)
+
+
+def check_score_elements(score_shape: Shape, hint: str) -> None:
+    """Refuse a score matrix of more than :data:`attnlab.errors.MAX_ELEMENTS` elements
+    before it is built; ``hint`` says what to do instead."""
+    n_scores = 1
+    for size in score_shape:
+        n_scores *= int(size)
+    if n_scores > MAX_ELEMENTS:
+        raise AttnlabError(
+            f"q, k: the score matrix {shape_str(score_shape)} would hold {n_scores:,} elements, "
+            f"more than the plain path's limit of {MAX_ELEMENTS:,} "
+            f"(attnlab.errors.MAX_ELEMENTS); {hint}"
+        )
+
+
+# ------------------------------------------------------------------ multi-head attention
+
+
+def check_module_inputs(
+    query: Shape, key: Shape, value: Shape, E: int, Ekv: int,
+    names: tuple[str, str, str] = ("query", "key", "value"),
+) -> tuple[tuple[int, ...], int, int]:
+    """Shapes of multi-head attention's inputs: query (B, T, E) or (T, E), key and value
+    (B, S, Ekv) or (S, Ekv) with the same batch; returns (lead, T, S), lead = (B,) or ()."""
+    q_name, k_name, v_name = names
+    if len(query) not in (2, 3) or int(query[-1]) != E:
+        raise ShapeError(
+            f"{q_name}: expected (B, T, {E}) or (T, {E}) with E = d_model, "
+            f"got {shape_str(query)}"
+        )
+    lead = tuple(int(n) for n in query[:-2])
+    lead_str = f"{lead[0]}, " if lead else ""
+    for name, shape in ((k_name, key), (v_name, value)):
+        if len(shape) != len(query) or tuple(shape[:-2]) != lead or int(shape[-1]) != Ekv:
+            raise ShapeError(
+                f"{name}: expected ({lead_str}S, {Ekv}) to match {q_name}'s batch and "
+                f"d_context = {Ekv}, got {shape_str(shape)}"
+            )
+    S = int(key[-2])
+    if int(value[-2]) != S:
+        raise ShapeError(
+            f"{v_name}: expected ({lead_str}{S}, {Ekv}) to match {k_name}'s length, "
+            f"got {shape_str(value)}"
+        )
+    return lead, int(query[-2]), S
+
+
+def check_key_padding_shape(
+    shape: Shape | None, dtype_name: str, is_bool: bool, expected: Shape
+) -> None:
+    """key_padding must be bool of exactly ``expected`` = (B, S) (True = a real token).
+
+    ``shape`` None means "not an array"; ``dtype_name`` is then the received type's name.
+    """
+    if shape is None or not is_bool or tuple(shape) != tuple(expected):
+        got = dtype_name if shape is None else f"{dtype_name} {shape_str(shape)}"
+        raise ShapeError(
+            f"key_padding: expected bool {shape_str(expected)} (True = real token), got {got}"
+        )
+
+
+# ------------------------------------------------------------------ KV caches: inputs
+
+
+def check_kv_shapes(k: Shape, v: Shape, B: int, Hkv: int, D: int, Dv: int) -> int:
+    """k (B, Hkv, T, D) and v (B, Hkv, T, Dv) of T new tokens; returns T."""
+    if len(k) != 4 or (int(k[0]), int(k[1])) != (B, Hkv) or int(k[3]) != D:
+        raise ShapeError(
+            f"k: expected (B, Hkv, T, D) = ({B}, {Hkv}, T, {D}), got {shape_str(k)}"
+        )
+    T = int(k[2])
+    if tuple(int(n) for n in v) != (B, Hkv, T, Dv):
+        raise ShapeError(
+            f"v: expected (B, Hkv, T, Dv) = ({B}, {Hkv}, {T}, {Dv}) to match k, "
+            f"got {shape_str(v)}"
+        )
+    return T
+
+
+def check_cache_query_shape(q: Shape, B: int, Hkv: int, T: int, D: int) -> int:
+    """q (B, H, T, D) with H a positive multiple of Hkv; returns H."""
+    if (len(q) != 4 or int(q[0]) != B or (int(q[2]), int(q[3])) != (T, D)
+            or int(q[1]) % Hkv or int(q[1]) == 0):
+        raise ShapeError(
+            f"q: expected (B, H, T, D) = ({B}, H, {T}, {D}) with H a positive multiple of "
+            f"Hkv = {Hkv} and T matching k, got {shape_str(q)}"
+        )
+    return int(q[1])
+
+
+# ------------------------------------------------------------------ KV caches: slots
+
+
+def check_cache_room(length: int, T: int, max_len: int | None) -> None:
+    """Refuse T new tokens that do not fit a cache holding ``length`` of ``max_len``."""
+    if max_len is not None and length + T > max_len:
+        raise AttnlabError(
+            f"k: the cache is full: it holds {length} of max_len = {max_len} "
+            f"positions, expected T <= {max_len - length} new tokens, got T = {T}; "
+            "create it with a larger max_len, leave max_len=None to let it grow, or use "
+            "SlidingWindowKVCache"
+        )
+
+
+def grown_capacity(capacity: int, needed: int) -> int:
+    """The capacity after doubling ``capacity`` until ``needed`` positions fit
+    (amortised O(1) per appended token).
+
+    >>> grown_capacity(256, 300), grown_capacity(256, 256)
+    (512, 256)
+    """
+    while capacity < needed:
+        capacity *= 2
+    return capacity
+
+
+def held_positions(length: int, window: int) -> range:
+    """The positions a W-slot rolling buffer holds after ``length`` appended tokens:
+    the last ``min(length, W)``. Position p lives in slot ``p mod W``.
+
+    >>> held_positions(5, 3), held_positions(2, 3)
+    (range(2, 5), range(0, 2))
+    """
+    return range(max(0, length - window), length)
+
+
+def ring_segments(start: int, stop: int, window: int) -> list[tuple[int, int, int]]:
+    """Positions ``start .. stop - 1`` (at most W of them) in a W-slot ring, as at most
+    two contiguous runs ``(offset, slot, count)``: positions ``start + offset ..`` live
+    in slots ``slot .. slot + count - 1``.
+
+    Writing a chunk, or reading the buffer in position order, is then one or two
+    slice copies instead of a gather.
+
+    >>> ring_segments(3, 7, 4)   # positions 3, 4, 5, 6 -> slots 3 | 0, 1, 2
+    [(0, 3, 1), (1, 0, 3)]
+    """
+    count = stop - start
+    if count > window:
+        raise ValueError(f"ring_segments: {count} positions do not fit {window} slots")
+    if count <= 0:
+        return []
+    slot = start % window
+    first = min(count, window - slot)
+    segments = [(0, slot, first)]
+    if first < count:
+        segments.append((first, 0, count - first))
+    return segments
+
+
+# ------------------------------------------------------------------ sliding windows
+
+
+def check_window(window: object, is_causal: bool) -> int:
+    """W >= 1; a symmetric window (``is_causal=False``) must be odd."""
+    W = check_positive_int(window, "window")
+    if not is_causal and W % 2 == 0:
+        raise AttnlabError(
+            "window: a symmetric window (is_causal=False) holds the query and (W - 1) / 2 keys "
+            f"on each side, so W must be odd; got {W} (use {W - 1} or {W + 1})"
+        )
+    return W
+
+
+def check_positions(positions: Sequence[int], name: str, S: int) -> tuple[int, ...]:
+    """Distinct key positions in [0, S), returned sorted (``global_tokens``).
+
+    ``positions`` are Python ints: each twin first checks that its array is 1-D
+    and of an integer dtype, then hands over ``.tolist()``.
+    """
+    ints = [int(p) for p in positions]
+    if ints and (min(ints) < 0 or max(ints) >= S):
+        raise AttnlabError(f"{name}: expected positions in [0, {S}), got {ints}")
+    if len(set(ints)) != len(ints):
+        raise AttnlabError(f"{name}: expected distinct positions, got {ints}")
+    return tuple(sorted(ints))
