@@ -39,7 +39,10 @@ equals::
                                  mask=sliding_window_mask(T, W, is_causal=True, S=S))
 
 All sequences of a batch share one length (no ragged batches). Inputs are cast
-to the cache's dtype, as writing into a preallocated array does.
+to the cache's dtype, as writing into a preallocated array does. The shape
+checks and the slot arithmetic (doubling, the ring of W slots) are
+:mod:`attnlab.shapes`, shared with the torch twins; the attention is
+:func:`attnlab.kernel.attend`.
 """
 
 from __future__ import annotations
@@ -48,16 +51,17 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_float_array,
-    check_alloc,
-    check_positive_int,
-    check_scale,
-    shape_str,
+from ..errors import AttnlabError, as_float_array, check_alloc, check_positive_int, check_scale
+from ..kernel import abs_max, attend, check_score_range
+from ..masks import causal_mask
+from ..shapes import (
+    check_cache_query_shape,
+    check_cache_room,
+    check_kv_shapes,
+    grown_capacity,
+    held_positions,
+    ring_segments,
 )
-from ..kernel import abs_max, check_score_range, stable_softmax
 
 __all__ = ["KVCache", "SlidingWindowKVCache"]
 
@@ -83,7 +87,6 @@ class _CacheBase:
         if self.dtype not in (np.float32, np.float64):
             raise AttnlabError(f"dtype: expected float32 or float64, got {self.dtype}")
         self._length = 0
-        self._k_max = 0.0  # largest |key| appended since the last reset (for check_scores)
 
     @property
     def length(self) -> int:
@@ -100,19 +103,10 @@ class _CacheBase:
 
     def _check_kv(self, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray]:
         """k (B, Hkv, T, D), v (B, Hkv, T, Dv), in the cache's dtype."""
-        B, Hkv, D, Dv = self.batch, self.num_kv_heads, self.head_dim, self.value_head_dim
         k_arr = as_float_array(k, "k")
         v_arr = as_float_array(v, "v")
-        if k_arr.ndim != 4 or k_arr.shape[:2] != (B, Hkv) or k_arr.shape[3] != D:
-            raise ShapeError(
-                f"k: expected (B, Hkv, T, D) = ({B}, {Hkv}, T, {D}), got {shape_str(k_arr.shape)}"
-            )
-        T = k_arr.shape[2]
-        if v_arr.shape != (B, Hkv, T, Dv):
-            raise ShapeError(
-                f"v: expected (B, Hkv, T, Dv) = ({B}, {Hkv}, {T}, {Dv}) to match k, "
-                f"got {shape_str(v_arr.shape)}"
-            )
+        check_kv_shapes(k_arr.shape, v_arr.shape, self.batch, self.num_kv_heads, self.head_dim,
+                        self.value_head_dim)
         return self._cast(k_arr, "k"), self._cast(v_arr, "v")
 
     def _cast(self, arr: np.ndarray, name: str) -> np.ndarray:
@@ -127,25 +121,19 @@ class _CacheBase:
         return out
 
     def _check_scores(self, q: np.ndarray, k: np.ndarray, scale: float) -> None:
-        """Refuse q (and new keys k) whose scores with the cached keys could overflow."""
-        k_max = max(self._k_max, abs_max(k))
+        """Refuse q whose scores with the held and the new keys could overflow."""
+        k_max = max(self._held_k_max(), abs_max(k))
         check_score_range(abs_max(q), k_max, self.head_dim, scale, self.dtype)
+
+    def _held_k_max(self) -> float:
+        """The largest |key| the cache holds."""
+        raise NotImplementedError
 
     def _check_q(self, q: Any, T: int) -> np.ndarray:
         """q (B, H, T, D) with H a multiple of Hkv, in the cache's dtype."""
-        B, Hkv, D = self.batch, self.num_kv_heads, self.head_dim
         q_arr = as_float_array(q, "q")
-        if (q_arr.ndim != 4 or q_arr.shape[0] != B or q_arr.shape[2:] != (T, D)
-                or q_arr.shape[1] % Hkv or q_arr.shape[1] == 0):
-            raise ShapeError(
-                f"q: expected (B, H, T, D) = ({B}, H, {T}, {D}) with H a positive multiple of "
-                f"Hkv = {Hkv} and T matching k, got {shape_str(q_arr.shape)}"
-            )
+        check_cache_query_shape(q_arr.shape, self.batch, self.num_kv_heads, T, self.head_dim)
         return self._cast(q_arr, "q")
-
-    @staticmethod
-    def _check_scale(scale: float | None, D: int) -> float:
-        return check_scale(scale, D)
 
     def _check_buffer(self, length: int, name: str) -> None:
         """Refuse key/value buffers of ``length`` positions beyond attnlab's size limit."""
@@ -168,16 +156,12 @@ def _grouped_attention(
     G·T rows of one product instead of repeating the keys G times.
     """
     B, H, T, D = q.shape
-    Hkv, S = keys.shape[1], keys.shape[2]
+    Hkv = keys.shape[1]
     G = H // Hkv
     rows = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D); head h = g*G + j
-    scores = rows @ np.swapaxes(keys, -1, -2)  # (B, Hkv, G*T, S)
-    scaled = scores * np.asarray(scale, dtype=scores.dtype)  # (B, Hkv, G*T, S)
-    if allowed is not None:
-        scaled = scaled.reshape(B, Hkv, G, T, S)  # (B, Hkv, G, T, S)
-        scaled = np.where(allowed, scaled, -np.inf).reshape(B, Hkv, G * T, S)  # (B, Hkv, G*T, S)
-    weights = stable_softmax(scaled, axis=-1)  # (B, Hkv, G*T, S)
-    out = weights @ values  # (B, Hkv, G*T, Dv)
+    if allowed is not None and G > 1:
+        allowed = np.tile(allowed, (G, 1))  # (G*T, S), rows in the order of `rows`
+    out, _ = attend(rows, keys, values, allowed, None, scale)  # (B, Hkv, G*T, Dv)
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
@@ -226,6 +210,7 @@ class KVCache(_CacheBase):
         self._values = np.zeros(
             (self.batch, self.num_kv_heads, start, self.value_head_dim), self.dtype
         )
+        self._k_max = 0.0  # largest |key| appended since the last reset (for _check_scores)
 
     @property
     def capacity(self) -> int:
@@ -251,6 +236,9 @@ class KVCache(_CacheBase):
         view.flags.writeable = False
         return view
 
+    def _held_k_max(self) -> float:
+        return self._k_max
+
     def reset(self) -> None:
         """Forget every token (the storage is kept for reuse)."""
         self._length = 0
@@ -263,14 +251,8 @@ class KVCache(_CacheBase):
 
     def _write(self, k: np.ndarray, v: np.ndarray) -> None:
         T = k.shape[2]
+        check_cache_room(self._length, T, self.max_len)
         needed = self._length + T
-        if self.max_len is not None and needed > self.max_len:
-            raise AttnlabError(
-                f"k: the cache is full: it holds {self._length} of max_len = {self.max_len} "
-                f"positions, expected T <= {self.max_len - self._length} new tokens, got T = {T}; "
-                "create it with a larger max_len, leave max_len=None to let it grow, or use "
-                "SlidingWindowKVCache"
-            )
         if needed > self.capacity:
             self._grow(needed)
         self._k_max = max(self._k_max, abs_max(k))
@@ -280,9 +262,7 @@ class KVCache(_CacheBase):
 
     def _grow(self, needed: int) -> None:
         """Double the capacity until ``needed`` positions fit; copies the cached part once."""
-        new_capacity = self.capacity
-        while new_capacity < needed:
-            new_capacity *= 2
+        new_capacity = grown_capacity(self.capacity, needed)
         self._check_buffer(new_capacity, "k")
         for name in ("_keys", "_values"):
             old = getattr(self, name)
@@ -302,7 +282,7 @@ class KVCache(_CacheBase):
         k_arr, v_arr = self._check_kv(k, v)
         T = k_arr.shape[2]
         q_arr = self._check_q(q, T)
-        scale_value = self._check_scale(scale, self.head_dim)
+        scale_value = check_scale(scale, self.head_dim)
         self._check_scores(q_arr, k_arr, scale_value)
         check_alloc((*q_arr.shape[:3], self._length + T), self.dtype,
                     "the score matrix (B, H, T, S)", "q")
@@ -311,7 +291,7 @@ class KVCache(_CacheBase):
         keys = self._keys[:, :, :S]  # (B, Hkv, S, D)
         values = self._values[:, :, :S]  # (B, Hkv, S, Dv)
         # One query over the whole cache sees every key: no mask needed.
-        allowed = _causal(T, S) if T > 1 else None  # (T, S)
+        allowed = causal_mask(T, S) if T > 1 else None  # (T, S)
         return _grouped_attention(q_arr, keys, values, allowed, scale_value)  # (B, H, T, Dv)
 
     def __repr__(self) -> str:
@@ -320,11 +300,6 @@ class KVCache(_CacheBase):
             f"head_dim={self.head_dim}, length={self._length}, capacity={self.capacity}, "
             f"max_len={self.max_len}, dtype={self.dtype})"
         )
-
-
-def _causal(T: int, S: int) -> np.ndarray:  # -> (T, S)
-    query_pos = np.arange(T)[:, None] + (S - T)  # (T, 1)
-    return np.arange(S)[None, :] <= query_pos  # (T, S)
 
 
 class SlidingWindowKVCache(_CacheBase):
@@ -370,7 +345,6 @@ class SlidingWindowKVCache(_CacheBase):
         self._keys = np.zeros((self.batch, self.num_kv_heads, W, self.head_dim), self.dtype)
         self._values = np.zeros((self.batch, self.num_kv_heads, W, self.value_head_dim),
                                 self.dtype)
-        self._slot_pos = np.full(W, -1, dtype=np.int64)  # (W,) position held by each slot
 
     @property
     def nbytes(self) -> int:
@@ -380,23 +354,32 @@ class SlidingWindowKVCache(_CacheBase):
     @property
     def positions(self) -> np.ndarray:  # (min(length, W),) int64
         """The absolute positions held, in increasing order."""
-        return np.sort(self._slot_pos[self._slot_pos >= 0])
+        held = held_positions(self._length, self.window)
+        return np.arange(held.start, held.stop, dtype=np.int64)
 
     @property
     def keys(self) -> np.ndarray:  # (B, Hkv, min(length, W), D)
         """A copy of the held keys in position order."""
-        return self._keys[:, :, self.positions % self.window]
+        return self._in_order(self._keys)
 
     @property
     def values(self) -> np.ndarray:  # (B, Hkv, min(length, W), Dv)
         """A copy of the held values in position order."""
-        return self._values[:, :, self.positions % self.window]
+        return self._in_order(self._values)
+
+    def _in_order(self, buffer: np.ndarray) -> np.ndarray:  # (B, Hkv, W, ·) -> (B, Hkv, n, ·)
+        held = held_positions(self._length, self.window)
+        parts = [buffer[:, :, slot : slot + count]
+                 for _, slot, count in ring_segments(held.start, held.stop, self.window)]
+        return np.concatenate(parts, axis=2) if parts else buffer[:, :, :0].copy()
+
+    def _held_k_max(self) -> float:
+        # Until the buffer is full, positions 0 .. length - 1 sit in slots 0 .. length - 1.
+        return abs_max(self._keys[:, :, : min(self._length, self.window)])
 
     def reset(self) -> None:
         """Forget every token."""
         self._length = 0
-        self._k_max = 0.0
-        self._slot_pos[:] = -1
 
     def append(self, k: Any, v: Any) -> None:
         """Append the keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of T new tokens."""
@@ -405,15 +388,14 @@ class SlidingWindowKVCache(_CacheBase):
 
     def _write(self, k: np.ndarray, v: np.ndarray) -> None:
         """Positions length .. length+T-1 go to their slots; only the last W can survive."""
-        T, W = k.shape[2], self.window
-        keep = min(T, W)
-        positions = self._length + np.arange(T - keep, T)  # (keep,)
-        slots = positions % W  # (keep,) distinct, since keep <= W
-        self._keys[:, :, slots] = k[:, :, T - keep :]
-        self._values[:, :, slots] = v[:, :, T - keep :]
-        self._slot_pos[slots] = positions
+        T = k.shape[2]
+        keep = min(T, self.window)
+        start = self._length + T - keep  # the first position that survives
+        for offset, slot, count in ring_segments(start, start + keep, self.window):
+            first = T - keep + offset  # its index in the chunk
+            self._keys[:, :, slot : slot + count] = k[:, :, first : first + count]
+            self._values[:, :, slot : slot + count] = v[:, :, first : first + count]
         self._length += T
-        self._k_max = max(self._k_max, abs_max(k))
 
     def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> np.ndarray:
         """Append the T new tokens' k, v, and attend from their queries within the window.
@@ -425,26 +407,25 @@ class SlidingWindowKVCache(_CacheBase):
         k_arr, v_arr = self._check_kv(k, v)
         T = k_arr.shape[2]
         q_arr = self._check_q(q, T)
-        scale_value = self._check_scale(scale, self.head_dim)
+        scale_value = check_scale(scale, self.head_dim)
         self._check_scores(q_arr, k_arr, scale_value)
         W = self.window
         check_alloc((*q_arr.shape[:3], W + T), self.dtype, "the score matrix (B, H, T, W + T)",
                     "q")
         if T == 1:
-            # After writing, the W slots hold positions p - W + 1 .. p: exactly the window.
+            # After writing, the held slots hold positions p - W + 1 .. p: exactly the window.
             self._write(k_arr, v_arr)
-            filled = self._slot_pos >= 0  # (W,)
-            allowed = None if filled.all() else filled[None, :]  # (1, W)
-            return _grouped_attention(q_arr, self._keys, self._values, allowed, scale_value)
+            n = min(self._length, W)
+            return _grouped_attention(q_arr, self._keys[:, :, :n], self._values[:, :, :n], None,
+                                      scale_value)  # (B, H, 1, Dv)
+        held = held_positions(self._length, W)
+        keys = np.concatenate([self._in_order(self._keys), k_arr], axis=2)  # (B, Hkv, n + T, D)
+        values = np.concatenate([self._in_order(self._values), v_arr],
+                                axis=2)  # (B, Hkv, n + T, Dv)
         query_pos = self._length + np.arange(T)  # (T,)
-        key_pos = np.concatenate([self._slot_pos, query_pos])  # (W + T,) -1 = empty slot
-        keys = np.concatenate([self._keys, k_arr], axis=2)  # (B, Hkv, W + T, D)
-        values = np.concatenate([self._values, v_arr], axis=2)  # (B, Hkv, W + T, Dv)
-        allowed = (
-            (key_pos[None, :] >= 0)
-            & (key_pos[None, :] <= query_pos[:, None])
-            & (key_pos[None, :] > query_pos[:, None] - W)
-        )  # (T, W + T)
+        key_pos = np.arange(held.start, self._length + T)  # (n + T,)
+        offset = key_pos[None, :] - query_pos[:, None]  # (T, n + T)
+        allowed = (offset <= 0) & (offset > -W)  # (T, n + T): the W most recent, itself included
         out = _grouped_attention(q_arr, keys, values, allowed, scale_value)  # (B, H, T, Dv)
         self._write(k_arr, v_arr)
         return out
