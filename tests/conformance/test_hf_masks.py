@@ -242,7 +242,7 @@ def test_sliding_window_mask_new_convention(window, T, past):
                       allow_is_causal_skip=False)[0, 0].numpy()
     ours = attnlab.sliding_window_mask(T, window, is_causal=True, S=S)
     assert np.array_equal(hf, ours)
-    assert np.array_equal(at.sliding_window_mask(T, window, S=S).numpy(), hf)
+    assert np.array_equal(at.sliding_window_mask(T, window, is_causal=True, S=S).numpy(), hf)
     assert int(hf[-1].sum()) == min(window, S)  # W keys, the query itself included
     if past == 0:
         built = mu.create_sliding_window_causal_mask(

@@ -23,7 +23,7 @@ Convention map (torch -> attnlab):
   softmax), as attnlab does; nn.MultiheadAttention returns NaN, where attnlab
   returns the projection of a zero head (the output bias).
 - Non-finite q/k/v: torch propagates NaN; attnlab refuses them with an
-  AttnlabError (both the NumPy core and attnlab.torch).
+  AttnlabError (the NumPy core always, attnlab.torch under ``debug_checks()``).
 - GQA: torch's ``enable_gqa=True`` repeats key/value head g for query heads
   g*G .. g*G+G-1; attnlab expresses the same by broadcasting q (B, Hkv, G, T, D)
   against k, v (B, Hkv, 1, S, D), or through its KV cache and MultiHeadAttention.
@@ -433,7 +433,8 @@ def test_sdpa_with_inf_band(impl):
 # --------------------------------------------------------------------------------------
 # pytorch/pytorch:test/test_transformers.py::test_non_masked_rows_nan_props
 # torch: one +inf in q makes the output (and dq) NaN. attnlab's mapping: non-finite q, k
-# or v are refused up front with an AttnlabError naming the input, in every path.
+# or v are refused up front with an AttnlabError naming the input, in every path
+# (attnlab.torch under debug_checks(), which reads values; by default it reads none).
 
 @pytest.mark.parametrize("impl", ["numpy", "flash", "torch"])
 @pytest.mark.parametrize("fill", [float("inf"), float("-inf"), float("nan")])
@@ -444,7 +445,7 @@ def test_non_finite_inputs_refused(fill, impl):
     q[0, 1, 2, 3] = fill
     if fill == float("inf"):  # torch's case: the NaN propagates
         assert bool(torch.isnan(F.scaled_dot_product_attention(q, k, v)).any())
-    with pytest.raises(attnlab.AttnlabError, match="q"):
+    with at.debug_checks(), pytest.raises(attnlab.AttnlabError, match="q"):
         _attnlab(impl, q, k, v)
 
 
@@ -535,7 +536,7 @@ def _mha_outputs(impl, module, query, key, *, mask=None, bias=None, key_padding=
     twin = at.from_torch_multihead(module).eval()
     if impl == "torch":
         out, w = twin(query, key, key, mask, key_padding=key_padding, bias=bias,
-                      need_weights=True)
+                      return_weights=True)
         return _np(out), _np(w)
     core = twin.to_numpy()
     context = None if key is query else _np(key)

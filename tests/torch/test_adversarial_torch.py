@@ -80,8 +80,8 @@ def test_torch_multihead_takes_a_1d_mask_without_weights():
     torch.manual_seed(0)
     mha = at.MultiHeadAttention(2, 8, dtype=torch.float64)
     x, mask = torch.randn(2, 5, 8, dtype=torch.float64), torch.tensor([True, False] * 2 + [True])
-    out = mha(x, x, x, mask, need_weights=False)
-    with_weights, _ = mha(x, x, x, mask, need_weights=True)
+    out = mha(x, x, x, mask, return_weights=False)
+    with_weights, _ = mha(x, x, x, mask, return_weights=True)
     torch.testing.assert_close(out, with_weights, rtol=1e-12, atol=1e-12)  # float64, two paths
 
 
@@ -120,7 +120,10 @@ def _meta(*shape):
                                                        _meta(1, 1, 2, 4)), "k"),
 ], ids=["sdpa", "sdpa-weights", "bias", "softmax", "rope", "mha", "kv-cache"])
 def test_torch_names_a_meta_tensor_instead_of_failing_in_item(call, name):
-    with pytest.raises(AttnlabError, match=rf"^{name}: expected a tensor holding values .*{META}"):
+    """Only debug_checks() reads values (by default meta tensors give shapes, see
+    test_debug_checks.py)."""
+    with at.debug_checks(), pytest.raises(
+            AttnlabError, match=rf"^{name}: expected a tensor holding values .*{META}"):
         call()
 
 
@@ -205,7 +208,8 @@ LIMIT = r"more than attnlab's limit of 2,147,483,648 \(attnlab\.errors\.MAX_ELEM
 
 HUGE = [
     (lambda: at.causal_mask(10**6), r"T: the causal mask \(T, S\)"),
-    (lambda: at.sliding_window_mask(10**6, 3), r"T: the sliding-window mask \(T, S\)"),
+    (lambda: at.sliding_window_mask(10**6, 3, is_causal=True),
+     r"T: the sliding-window mask \(T, S\)"),
     (lambda: at.alibi_bias(8, 10**5), r"num_heads, T: the bias \(H, T, S\)"),
     (lambda: at.alibi_slopes(10**10), r"num_heads: the slopes \(H,\)"),
     (lambda: at.sinusoidal_encoding(10**9, 512), r"max_len, d_model: the table"),
@@ -249,9 +253,11 @@ def test_torch_causal_attention_with_a_scale_torch_masks_wrongly(scale):
 
 
 def test_torch_scale_zero_with_scores_that_overflow_before_scaling_is_refused():
-    """q·kᵀ overflows float32 before the scale 0 is applied: inf·0 was NaN."""
+    """q·kᵀ overflows float32 before the scale 0 is applied: inf·0 was NaN (refused under
+    debug_checks, which reads the values)."""
     q, k, v = np.float32([[1e20]]), np.float32([[1e20]]), np.float32([[1.0]])
-    with pytest.raises(AttnlabError, match=r"^q, k: the scores q·kᵀ could reach"):
+    with at.debug_checks(), pytest.raises(AttnlabError,
+                                          match=r"^q, k: the scores q·kᵀ could reach"):
         at.scaled_dot_product_attention(*map(torch.from_numpy, (q, k, v)), scale=0.0,
                                         return_weights=True)
 
@@ -283,7 +289,7 @@ def test_unreadable_arguments_are_named(call, name):
 
 @pytest.mark.parametrize("call,message", [
     (lambda: at.rope_angles(torch.arange(3), 10**12), r"head_dim: the angles \(T, D\)"),
-    (lambda: at.MultiHeadAttention(2, 10**6), r"h, d_model: the weight of q_proj"),
+    (lambda: at.MultiHeadAttention(2, 10**6), r"num_heads, d_model: the weight of q_proj"),
 ])
 def test_more_huge_sizes_are_refused_before_allocating(call, message):
     with pytest.raises(AttnlabError, match=rf"^{message}.*{LIMIT}"):

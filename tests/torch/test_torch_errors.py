@@ -3,6 +3,10 @@
 Each case names the exception class and matches the message, so a check that
 stops firing, or starts blaming the wrong argument, fails here. Inputs on the
 "meta" device stand in for tensors on another device (no GPU needed).
+
+``CASES`` are checked from metadata on every call; ``VALUE_CASES`` read values and
+fire only under ``attnlab.torch.debug_checks()`` (each is also run without it, where
+it must not raise).
 """
 
 from __future__ import annotations
@@ -55,10 +59,6 @@ CASES = [
                   Z(1, 1).expand(2**16, 1), return_weights=True), AttnlabError,
      r"^q, k: the score matrix \(65536, 65536, 65536\) would hold .* elements, more than "
      r"the plain path's limit"),
-    (lambda: sdpa(torch.tensor([[float("nan"), 0.0]]), Z(1, 2), Z(1, 2)), AttnlabError,
-     r"^q: expected finite values, got 1 non-finite \(first: NaN at index \(0, 0\)\)$"),
-    (lambda: sdpa(q3, k5, torch.full((5, 2), float("inf"))), AttnlabError,
-     r"^v: expected finite values, got 10 non-finite \(first: Inf at index \(0, 0\)\)$"),
     # ---- mask, bias, options
     (lambda: sdpa(q3, k5, v5, Z(3, 5)), AttnlabError,
      r"^mask: expected a bool tensor \(True = may attend\), got dtype torch.float32\. "
@@ -71,10 +71,6 @@ CASES = [
      r"^mask: expected a tensor on q's device cpu, got meta$"),
     (lambda: sdpa(q3, k5, v5, bias=Z(4, 5)), ShapeError,
      r"^bias: expected a shape broadcastable to \(\.\.\., T, S\) = \(3, 5\), got \(4, 5\)$"),
-    (lambda: sdpa(q3, k5, v5, bias=torch.full((3, 5), float("nan"))), AttnlabError,
-     r"^bias: expected finite values or -inf, got NaN or \+inf$"),
-    (lambda: sdpa(q3, k5, v5, bias=torch.full((3, 5), float("inf"))), AttnlabError,
-     r"^bias: expected finite values or -inf, got NaN or \+inf$"),
     (lambda: sdpa(q3, k5, v5, bias=Z(3, 5, dtype=torch.bool)), AttnlabError,
      r"^bias: expected a numeric tensor, got dtype torch.bool$"),
     (lambda: sdpa(q3, k5, v5, scale="0.5"), AttnlabError,
@@ -90,21 +86,21 @@ CASES = [
      r"^x: expected at least 1 dimension, got a scalar$"),
     (lambda: at.softmax(Z(2, 3), dim=2), AttnlabError,
      r"^dim: expected an int in \[-2, 1\], got 2$"),
-    (lambda: at.softmax(torch.tensor([float("inf")])), AttnlabError,
-     r"^x: expected finite values or -inf, got NaN or \+inf$"),
     (lambda: at.causal_mask(-1), AttnlabError, r"^T: expected an integer >= 0, got -1$"),
     (lambda: at.causal_mask(2, 2.0), AttnlabError, r"^S: expected an integer, got float 2.0$"),
     # ---- MultiHeadAttention(...)
-    (lambda: at.MultiHeadAttention(0, 8), AttnlabError, r"^h: expected an integer >= 1, got 0$"),
+    (lambda: at.MultiHeadAttention(0, 8), AttnlabError,
+     r"^num_heads: expected an integer >= 1, got 0$"),
     (lambda: at.MultiHeadAttention(3, 8), AttnlabError,
-     r"^d_model: expected a multiple of h = 3 \(or pass head_dim\), got 8$"),
+     r"^d_model: expected a multiple of num_heads = 3 \(or pass head_dim\), got 8$"),
     (lambda: at.MultiHeadAttention(4, 8, num_kv_heads=3), AttnlabError,
-     r"^num_kv_heads: expected a divisor of h = 4, got 3$"),
+     r"^num_kv_heads: expected a divisor of num_heads = 4, got 3$"),
+    (lambda: at.MultiHeadAttention(2, 8, 0.1), TypeError, r"positional argument"),
     (lambda: at.MultiHeadAttention(2, 8, head_dim=0), AttnlabError,
      r"^head_dim: expected an integer >= 1, got 0$"),
     (lambda: mha(dropout=-0.1), AttnlabError,
      r"^dropout: expected a probability in \[0, 1\), got -0.1$"),
-    (lambda: mha(bias=1), AttnlabError, r"^bias: expected True or False, got 1$"),
+    (lambda: mha(use_bias=1), AttnlabError, r"^use_bias: expected True or False, got 1$"),
     (lambda: at.MultiHeadAttention(2, 6, rope=True), AttnlabError,
      r"^head_dim: RoPE rotates pairs of features, expected an even D, got 3$"),
     (lambda: mha(rope_base=0), AttnlabError, r"^rope_base: expected a finite number > 0, got 0$"),
@@ -141,20 +137,16 @@ CASES = [
      r"^bias: expected a float tensor, got torch.int64$"),
     (lambda: mha()(X, CTX, CTX, bias=Z(4, 3, 5)), ShapeError,
      r"^bias: expected a shape broadcastable to \(B, H, T, S\) = \(2, 2, 3, 5\), got \(4, 3, 5\)$"),
-    (lambda: mha()(X, CTX, CTX, bias=torch.full((3, 5), float("nan"))), AttnlabError,
-     r"^bias: expected finite values or -inf, got NaN or \+inf$"),
     (lambda: mha()(X, CTX, CTX, is_causal="yes"), AttnlabError,
      r"^is_causal: expected True or False, got 'yes'$"),
-    (lambda: mha()(X, CTX, CTX, need_weights=None), AttnlabError,
-     r"^need_weights: expected True or False, got None$"),
+    (lambda: mha()(X, CTX, CTX, return_weights=None), AttnlabError,
+     r"^return_weights: expected True or False, got None$"),
     (lambda: mha()(Z(1, 8).expand(2**16, 8), Z(1, 8).expand(2**16, 8), Z(1, 8).expand(2**16, 8),
-                   need_weights=True), AttnlabError,
+                   return_weights=True), AttnlabError,
      r"^q, k: the score matrix \(2, 65536, 65536\) would hold .* elements"),
     (lambda: mha(rope=True)(CTX, X, X), AttnlabError,
      r"^query: RoPE places queries at positions S - T \.\. S - 1, expected T <= S, "
      r"got T = 5, S = 3$"),
-    (lambda: mha()(X, CTX, torch.full((2, 5, 8), float("nan"))), AttnlabError,
-     r"^value: expected finite values, got 80 non-finite \(first: NaN at index \(0, 0, 0\)\)$"),
     # ---- conversions
     (lambda: at.MultiHeadAttention.from_numpy("weights"), AttnlabError,
      r"^mha: expected an attnlab.MultiHeadAttention, got str$"),
@@ -184,14 +176,15 @@ CASES = [
     (lambda: at.LayerNorm(8)(Z(2, 7)), ShapeError, r"^x: expected \(\.\.\., 8\), got \(2, 7\)$"),
     (lambda: at.LayerNorm(8)(Z(2, 8, dtype=torch.float64)), AttnlabError,
      r"^x: expected dtype torch.float32 \(the module's parameters\), got torch.float64"),
-    (lambda: at.LayerNorm(2)(torch.tensor([float("inf"), 0.0])), AttnlabError,
-     r"^x: expected finite values, got 1 non-finite \(first: Inf at index \(0,\)\)$"),
     (lambda: at.LayerNorm.from_numpy(attnlab.Dropout()), AttnlabError,
      r"^norm: expected an attnlab.LayerNorm, got Dropout$"),
     (lambda: at.SelfAttentionLayer(8, 2, dropout=2), AttnlabError,
      r"^dropout: expected a probability in \[0, 1\), got 2$"),
-    (lambda: at.SelfAttentionLayer(8, 2, norm_first="pre"), AttnlabError,
-     r"^norm_first: expected True or False, got 'pre'$"),
+    (lambda: at.SelfAttentionLayer(8, 2, norm=True), AttnlabError,
+     r"^norm: expected 'post' or 'pre', got True$"),
+    (lambda: at.SelfAttentionLayer(8, 2, 0.1, "pre"), TypeError, r"positional argument"),
+    (lambda: at.SelfAttentionLayer(8, 2)(X, key_padding=Z(2, 3)), ShapeError,
+     r"^key_padding: expected bool \(2, 3\) \(True = real token\), got torch.float32 \(2, 3\)$"),
     (lambda: at.SelfAttentionLayer(8, 2)(Z(2, 3, 6)), ShapeError,
      r"^x: expected \(B, T, 8\) or \(T, 8\) with E = d_model, got \(2, 3, 6\)$"),
     (lambda: at.SelfAttentionLayer(8, 2)(X, Z(3, 3)), AttnlabError,
@@ -201,10 +194,39 @@ CASES = [
 ]
 
 
+VALUE_CASES = [
+    (lambda: sdpa(torch.tensor([[float("nan"), 0.0]]), Z(1, 2), Z(1, 2)), AttnlabError,
+     r"^q: expected finite values, got 1 non-finite \(first: NaN at index \(0, 0\)\)$"),
+    (lambda: sdpa(q3, k5, torch.full((5, 2), float("inf"))), AttnlabError,
+     r"^v: expected finite values, got 10 non-finite \(first: Inf at index \(0, 0\)\)$"),
+    (lambda: sdpa(q3, k5, v5, bias=torch.full((3, 5), float("nan"))), AttnlabError,
+     r"^bias: expected finite values or -inf, got NaN or \+inf$"),
+    (lambda: sdpa(q3, k5, v5, bias=torch.full((3, 5), float("inf"))), AttnlabError,
+     r"^bias: expected finite values or -inf, got NaN or \+inf$"),
+    (lambda: at.softmax(torch.tensor([float("inf")])), AttnlabError,
+     r"^x: expected finite values or -inf, got NaN or \+inf$"),
+    (lambda: mha()(X, CTX, CTX, bias=torch.full((3, 5), float("nan"))), AttnlabError,
+     r"^bias: expected finite values or -inf, got NaN or \+inf$"),
+    (lambda: mha()(X, CTX, torch.full((2, 5, 8), float("nan"))), AttnlabError,
+     r"^value: expected finite values, got 80 non-finite \(first: NaN at index \(0, 0, 0\)\)$"),
+    (lambda: at.LayerNorm(2)(torch.tensor([float("inf"), 0.0])), AttnlabError,
+     r"^x: expected finite values, got 1 non-finite \(first: Inf at index \(0,\)\)$"),
+]
+
+
 @pytest.mark.parametrize("call,error,match", CASES)
 def test_validation_error(call, error, match):
     with pytest.raises(error, match=match):
         call()
+    with at.debug_checks(), pytest.raises(error, match=match):  # the same under debug checks
+        call()
+
+
+@pytest.mark.parametrize("call,error,match", VALUE_CASES)
+def test_value_error_under_debug_checks_only(call, error, match):
+    with at.debug_checks(), pytest.raises(error, match=match):
+        call()
+    call()  # by default values are not read: NaN and Inf propagate as in torch
 
 
 def test_errors_are_value_errors():
@@ -213,7 +235,7 @@ def test_errors_are_value_errors():
         sdpa(q3, k5, v5, is_causal=1)
 
 
-# ---- adversarial values: never NaN, never a bare torch error
+# ---- adversarial values, under debug_checks: never NaN, never a bare torch error
 
 HUGE = torch.full((2, 4), 1e20)  # float32: q·kᵀ = 4e40 overflows to inf, softmax to NaN
 
@@ -226,7 +248,8 @@ HUGE = torch.full((2, 4), 1e20)  # float32: q·kᵀ = 4e40 overflows to inf, sof
     lambda: mha()(*[torch.full((1, 3, 8), 1e30)] * 3),
 ])
 def test_scores_that_would_overflow_are_refused_not_nan(call):
-    with pytest.raises(AttnlabError, match="q, k: the scaled scores could reach"):
+    with at.debug_checks(), pytest.raises(AttnlabError,
+                                          match="q, k: the scaled scores could reach"):
         call()
 
 
@@ -251,12 +274,16 @@ def test_module_dtype_must_be_a_torch_float_dtype(make, dtype):
                                    at.SlidingWindowKVCache(1, 1, 4, window=2)])
 def test_kv_cache_refuses_values_its_dtype_cannot_hold_and_overflowing_scores(cache):
     huge = torch.full((1, 1, 2, 4), 1e300, dtype=torch.float64)
-    with pytest.raises(AttnlabError, match=r"^k: values up to 1e\+300 do not fit the cache's "
-                                           r"dtype torch.float32"):
-        cache.append(huge, torch.ones(1, 1, 2, 4, dtype=torch.float64))
-    big, one = torch.full((1, 1, 1, 4), 1e20), torch.ones(1, 1, 1, 4)
-    cache.append(big, one)
-    with pytest.raises(AttnlabError, match="q, k: the scaled scores could reach"):
-        cache.attend(big, one, one)  # against the huge key appended before
-    cache.reset()
-    assert torch.isfinite(cache.attend(big, one, one)).all()
+    with at.debug_checks():
+        with pytest.raises(AttnlabError, match=r"^k: values up to 1e\+300 do not fit the "
+                                               r"cache's dtype torch.float32"):
+            cache.append(huge, torch.ones(1, 1, 2, 4, dtype=torch.float64))
+        assert cache.length == 0
+        big, one = torch.full((1, 1, 1, 4), 1e20), torch.ones(1, 1, 1, 4)
+    cache.append(big, one)  # appended without debug checks: still checked against below
+    with at.debug_checks():
+        with pytest.raises(AttnlabError, match="q, k: the scaled scores could reach"):
+            cache.attend(big, one, one)  # against the huge key appended before
+        assert cache.length == 1
+        cache.reset()
+        assert torch.isfinite(cache.attend(big, one, one)).all()

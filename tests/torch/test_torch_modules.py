@@ -23,7 +23,10 @@ import attnlab
 import attnlab.torch as at
 import attnlab.torch.attention
 import attnlab.torch.convert
+import attnlab.torch.debug
+import attnlab.torch.kv_cache
 import attnlab.torch.layers
+import attnlab.torch.masks
 import attnlab.torch.multihead
 import attnlab.torch.positional
 
@@ -34,7 +37,8 @@ SRC = str(Path(attnlab.__file__).resolve().parents[1])
 
 @pytest.mark.parametrize(
     "module",
-    [attnlab.torch.attention, attnlab.torch.convert, attnlab.torch.layers,
+    [attnlab.torch.attention, attnlab.torch.convert, attnlab.torch.debug,
+     attnlab.torch.kv_cache, attnlab.torch.layers, attnlab.torch.masks,
      attnlab.torch.multihead, attnlab.torch.positional],
 )
 def test_doctests_pass(module):
@@ -79,14 +83,15 @@ def test_attnlab_torch_without_torch_says_what_to_install():
 
 def test_mha_seed_001_signature_and_parameter_shapes():
     mha = at.MultiHeadAttention(8, 64)  # seed 001: MultiHeadAttention(h, d_model)
-    assert (mha.h, mha.d_k, mha.num_heads, mha.dropout) == (8, 8, 8, 0.0)
+    assert (mha.num_heads, mha.head_dim, mha.value_head_dim, mha.dropout) == (8, 8, 8, 0.0)
+    assert "num_heads=8, d_model=64" in repr(mha)
     shapes = {name: tuple(p.shape) for name, p in mha.named_parameters()}
     assert shapes == {
         "q_proj.weight": (64, 64), "q_proj.bias": (64,), "k_proj.weight": (64, 64),
         "k_proj.bias": (64,), "v_proj.weight": (64, 64), "v_proj.bias": (64,),
         "out_proj.weight": (64, 64), "out_proj.bias": (64,),
     }
-    gqa = at.MultiHeadAttention(8, 64, num_kv_heads=2, bias=False)
+    gqa = at.MultiHeadAttention(8, 64, num_kv_heads=2, use_bias=False)
     assert tuple(gqa.k_proj.weight.shape) == (16, 64) and gqa.k_proj.bias is None
 
 
@@ -111,7 +116,8 @@ def test_layer_submodules_have_seed_001_names():
     layer = at.SelfAttentionLayer(16, 4)  # seed 001: SelfAttentionLayer(d_model, h, dropout=0.1)
     assert isinstance(layer.self_attn, at.MultiHeadAttention)
     assert isinstance(layer.norm1, nn.LayerNorm) and isinstance(layer.dropout, nn.Dropout)
-    assert layer.dropout.p == 0.1 and layer.norm_first is False and layer.training
+    assert layer.dropout.p == 0.1 and layer.norm == "post" and layer.training
+    assert at.SelfAttentionLayer(16, 4, 0.2).dropout.p == 0.2  # the seed's positional dropout
 
 
 # --------------------------------------------------------------------------- modes
@@ -121,11 +127,11 @@ def test_mha_dropout_only_in_training_mode():
     mha = at.MultiHeadAttention(2, 8, dropout=0.5, dtype=torch.float64)
     x = torch.randn(2, 6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
-    out_a, w_a = mha(x, x, x, need_weights=True)
+    out_a, w_a = mha(x, x, x, return_weights=True)
     fused_a = mha(x, x, x)
     assert (w_a == 0).any()  # dropped weights are returned as used
     mha.eval()
-    out_b, w_b = mha(x, x, x, need_weights=True)
+    out_b, w_b = mha(x, x, x, return_weights=True)
     assert torch.allclose(w_b.sum(-1), torch.ones(2, 2, 6, dtype=torch.float64))
     assert not torch.allclose(out_a, out_b) and not torch.allclose(fused_a, out_b)
     assert torch.equal(mha(x, x, x), mha(x, x, x))
@@ -185,7 +191,7 @@ def test_mha_numpy_round_trip_is_exact():
     core.bk = None  # one missing bias
     module = at.MultiHeadAttention.from_numpy(core)
     assert module.q_proj.weight.dtype == torch.float64 and module.k_proj.bias is None
-    assert (module.d_k, module.d_context, module.num_kv_heads) == (5, 7, 2)
+    assert (module.head_dim, module.d_context, module.num_kv_heads) == (5, 7, 2)
     back = module.to_numpy()
     for name, value in core.parameters().items():
         assert np.array_equal(back.parameters()[name], value), name
@@ -203,12 +209,13 @@ def test_mha_from_numpy_float32_stays_float32():
 
 
 def test_layer_and_layer_norm_round_trips():
-    layer = at.SelfAttentionLayer(8, 2, dropout=0.2, norm_first=True, num_kv_heads=1, eps=1e-4,
+    layer = at.SelfAttentionLayer(8, 2, dropout=0.2, norm="pre", num_kv_heads=1, eps=1e-4,
                                   generator=torch.Generator().manual_seed(0)).eval()
     core = layer.to_numpy()
     assert (core.norm, core.dropout.p, core.norm1.eps, core.training) == ("pre", 0.2, 1e-4, False)
     again = at.from_numpy(core)
-    assert isinstance(again, at.SelfAttentionLayer) and again.norm_first and not again.training
+    assert isinstance(again, at.SelfAttentionLayer) and again.norm == "pre"
+    assert not again.training
     pairs = zip(layer.state_dict().items(), again.state_dict().items(), strict=True)
     for (name, a), (_, b) in pairs:
         assert torch.equal(a.double(), b.double()), name
@@ -231,7 +238,7 @@ def test_bfloat16_parameters_convert_to_float32_arrays():
 
 
 def test_torch_multihead_round_trip_without_bias_and_with_kdim():
-    ours = at.MultiHeadAttention(2, 8, d_context=5, bias=False)
+    ours = at.MultiHeadAttention(2, 8, d_context=5, use_bias=False)
     theirs = at.to_torch_multihead(ours)
     assert theirs.in_proj_bias is None and theirs.kdim == 5 and theirs.batch_first
     back = at.from_torch_multihead(theirs)
@@ -240,14 +247,15 @@ def test_torch_multihead_round_trip_without_bias_and_with_kdim():
 
 
 def test_finite_check_is_not_fooled_by_an_overflowing_sum():
-    # The NaN/Inf check first sums each input; 3e38 + 3e38 overflows float32 to inf,
-    # so the exact element-wise check must decide, and accept, these finite values.
+    # The debug NaN/Inf check first sums each input; 3e38 + 3e38 overflows float32 to
+    # inf, so the exact element-wise check must decide, and accept, these finite values.
     enc = at.PositionalEncoding(4, max_len=8).eval()
     x = torch.full((1, 2, 4), 3e38)
-    assert torch.isfinite(enc(x)).all()
-    with pytest.raises(attnlab.AttnlabError, match=r"^x: expected finite values, got 1 "):
-        enc(torch.cat([x, torch.full((1, 1, 4), 3e38).index_fill(2, torch.tensor([1]),
-                                                                 float("nan"))], dim=1))
+    with at.debug_checks():
+        assert torch.isfinite(enc(x)).all()
+        with pytest.raises(attnlab.AttnlabError, match=r"^x: expected finite values, got 1 "):
+            enc(torch.cat([x, torch.full((1, 1, 4), 3e38).index_fill(2, torch.tensor([1]),
+                                                                     float("nan"))], dim=1))
 
 
 def test_layer_norm_of_huge_values_matches_the_numpy_core_not_nan():

@@ -267,7 +267,7 @@ def test_mha_float64_matches_numpy_core(B, T, S, E, H, Hkv):
     for kw in ({}, {"is_causal": True}):
         ref_out, ref_w = core(x, ctx, mask, key_padding=kp, return_weights=True, **kw)
         out, weights = module(t(x), t(ctx), t(ctx), t(mask), key_padding=t(kp),
-                              need_weights=True, **kw)
+                              return_weights=True, **kw)
         fused = module(t(x), t(ctx), t(ctx), t(mask), key_padding=t(kp), **kw)
         # 1e-12 relative to max(1, |ref|): float64 rounding only.
         assert err64(out, ref_out) <= F64_TOL
@@ -307,7 +307,7 @@ def test_mha_matches_torch_nn_multihead_attention(B, T, S, E, H, kdim):
     mask[:, 0] = True  # nn.MultiheadAttention gives NaN for rows with nothing to attend to
     kp = torch.rand(B, S, generator=gen) < 0.8
     kp[:, 0] = True
-    out, w = ours(x, ctx, ctx, mask, key_padding=kp, need_weights=True)
+    out, w = ours(x, ctx, ctx, mask, key_padding=kp, return_weights=True)
     # nn.MultiheadAttention's masks mean the opposite: True = blocked.
     ref, ref_w = theirs(x, ctx, ctx, attn_mask=~mask, key_padding_mask=~kp,
                         need_weights=True, average_attn_weights=False)
@@ -328,14 +328,14 @@ def test_mha_float32_matches_torch_nn_multihead_fast_path():
     assert rel_err(out, ref) <= F32_TOL  # 1e-6: two float32 computations of the same math
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_self_attention_layer_matches_numpy_core(norm_first):
-    core = attnlab.SelfAttentionLayer(16, 4, dropout=0.1, norm="pre" if norm_first else "post",
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_self_attention_layer_matches_numpy_core(norm):
+    core = attnlab.SelfAttentionLayer(16, 4, dropout=0.1, norm=norm,
                                       num_kv_heads=2, seed=3)
     core.norm1.gamma = np.linspace(0.5, 1.5, 16)
     core.norm1.beta = np.linspace(-0.2, 0.2, 16)
     module = at.SelfAttentionLayer.from_numpy(core)
-    assert not module.training and module.norm_first == norm_first  # core layers start in eval
+    assert not module.training and module.norm == norm  # core layers start in eval
     x = np.random.default_rng(0).standard_normal((2, 7, 16))
     mask = np.random.default_rng(1).random((7, 7)) < 0.8
     for kw in ({}, {"is_causal": True}):
@@ -405,9 +405,9 @@ def test_mha_alibi_matches_numpy_alibi_bias(H):
     rng = np.random.default_rng(7)
     x, ctx = rng.standard_normal((2, 3, 24)), rng.standard_normal((2, 8, 24))
     ref = core_mha_with_positions(core, x, ctx, alibi=True, is_causal=True)
-    for need_weights in (False, True):
-        out = module(t(x), t(ctx), t(ctx), is_causal=True, need_weights=need_weights)
-        assert err64(out[0] if need_weights else out, ref) <= F64_TOL  # 1e-12
+    for return_weights in (False, True):
+        out = module(t(x), t(ctx), t(ctx), is_causal=True, return_weights=return_weights)
+        assert err64(out[0] if return_weights else out, ref) <= F64_TOL  # 1e-12
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -488,6 +488,6 @@ def test_mha_bfloat16_by_flash_attention_rule():
     plain_bf16 = module.out_proj(merged)  # plain bf16 PyTorch, step by step
     with torch.inference_mode():
         out = module(x, x, x, is_causal=True)
-        out_w, _ = module(x, x, x, is_causal=True, need_weights=True)
+        out_w, _ = module(x, x, x, is_causal=True, return_weights=True)
     _bf16_rule(out, plain_bf16, golden)
     _bf16_rule(out_w, plain_bf16, golden)

@@ -115,12 +115,8 @@ def test_alibi_bias_dtype_is_rounded_once():
          r"positions: expected shape \(T,\) = \(3,\), got \(2\)"),
         (lambda: at.apply_rope(torch.zeros(2, 4), torch.tensor([0.0, 1.0])), AttnlabError,
          r"positions: expected integer positions, got dtype torch.float32"),
-        (lambda: at.apply_rope(torch.zeros(2, 4), torch.tensor([0, -1])), AttnlabError,
-         r"positions: expected positions >= 0, got min -1"),
         (lambda: at.apply_rope(torch.zeros(2, 4), -2), AttnlabError,
          r"positions: expected an integer >= 0, got -2"),
-        (lambda: at.apply_rope(torch.full((2, 4), float("nan"))), AttnlabError,
-         r"x: expected finite values, got 8 non-finite \(first: NaN at index \(0, 0\)\)"),
         (lambda: at.apply_rope(np.zeros((2, 4))), AttnlabError,
          r"x: expected a torch.Tensor, got ndarray"),
         (lambda: at.rope_angles(None, 4), AttnlabError,
@@ -141,6 +137,7 @@ def test_alibi_bias_dtype_is_rounded_once():
          r"x: expected a float torch.Tensor, got torch.int64"),
         (lambda: at.PositionalEncoding(8, dropout=1.0), AttnlabError,
          r"dropout: expected a probability in \[0, 1\), got 1.0"),
+        (lambda: at.PositionalEncoding(8, 16, 0.1), TypeError, r"positional argument"),
         (lambda: at.PositionalEncoding.from_numpy(object()), AttnlabError,
          r"encoding: expected an attnlab.positional.SinusoidalPositionalEncoding, got object"),
     ],
@@ -148,3 +145,20 @@ def test_alibi_bias_dtype_is_rounded_once():
 def test_positional_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: at.apply_rope(torch.zeros(2, 4), torch.tensor([0, -1])),
+         r"positions: expected positions >= 0, got min -1"),
+        (lambda: at.apply_rope(torch.full((2, 4), float("nan"))),
+         r"x: expected finite values, got 8 non-finite \(first: NaN at index \(0, 0\)\)"),
+        (lambda: at.PositionalEncoding(4)(torch.full((1, 2, 4), float("inf"))),
+         r"x: expected finite values, got 8 non-finite \(first: Inf at index \(0, 0, 0\)\)"),
+    ],
+)
+def test_positional_value_errors_under_debug_checks_only(call, match):
+    with at.debug_checks(), pytest.raises(AttnlabError, match=match):
+        call()
+    call()  # by default the values are not read

@@ -2,30 +2,39 @@
 
 Everything here behaves identically to its NumPy twin in the core (same shapes,
 same bool mask convention with **True = may attend**, same bottom-right causal
-alignment, rows with nothing to attend to give 0) and is tested against it to
-float64 precision. Importing ``attnlab`` never imports torch; importing
-``attnlab.torch`` without torch installed raises an ImportError saying what to
-install.
+alignment, rows with nothing to attend to give 0), takes the same parameters in
+the same order (plus ``device``, ``dtype``, ``generator`` and dropout where torch
+has them) and is tested against it to float64 precision. Importing ``attnlab``
+never imports torch; importing ``attnlab.torch`` without torch installed raises
+an ImportError saying what to install.
 
 Dimension legend: B batch, H heads, T query length, S key length, D head dim,
 Dv value dim, E model width.
 
-==============================================  =========================================
-attnlab.torch                                   NumPy core
-==============================================  =========================================
-``scaled_dot_product_attention(q, k, v, mask)``  ``attnlab.scaled_dot_product_attention``
-``softmax(x)``, ``causal_mask(T, S)``           ``attnlab.softmax``, ``attnlab.causal_mask``
-``MultiHeadAttention(h, d_model)``              ``attnlab.MultiHeadAttention``
-``SelfAttentionLayer(d_model, h)``              ``attnlab.SelfAttentionLayer``
-``LayerNorm(d_model)``                          ``attnlab.LayerNorm``
-``PositionalEncoding(d_model)``                 ``positional.SinusoidalPositionalEncoding``
-``sinusoidal_encoding``, ``apply_rope``,        the same names in ``attnlab.positional``
+=================================================  =========================================
+attnlab.torch                                      NumPy core
+=================================================  =========================================
+``scaled_dot_product_attention(q, k, v, mask)``    ``attnlab.scaled_dot_product_attention``
+``softmax(x)``, ``causal_mask(T, S)``              ``attnlab.softmax``, ``attnlab.causal_mask``
+``sliding_window_mask(T, window, is_causal=)``     ``attnlab.sliding_window_mask``
+``MultiHeadAttention(num_heads, d_model)``         ``attnlab.MultiHeadAttention.init``
+``SelfAttentionLayer(d_model, num_heads)``         ``attnlab.SelfAttentionLayer``
+``LayerNorm(d_model)``                             ``attnlab.LayerNorm``
+``KVCache``, ``SlidingWindowKVCache``              the same names in ``attnlab``
+``PositionalEncoding(d_model)``                    ``positional.SinusoidalPositionalEncoding``
+``sinusoidal_encoding``, ``apply_rope``,           the same names in ``attnlab.positional``
 ``rope_angles``, ``alibi_slopes``, ``alibi_bias``
-``from_numpy(obj)`` / ``to_numpy(module)``      move parameters between the two
-==============================================  =========================================
+``from_numpy(obj)`` / ``to_numpy(module)``         move parameters between the two
+=================================================  =========================================
 
 ``to_torch_multihead`` / ``from_torch_multihead`` move parameters to and from
 ``torch.nn.MultiheadAttention`` (whose masks mean the opposite: True = blocked).
+
+Checks: by default only what metadata says (types, dtypes, shapes, devices,
+flags, scales), so a call costs what torch's own costs, never waits for the
+device and compiles without graph breaks. Inside ``with debug_checks():``
+every call also reads the values: NaN/Inf inputs, NaN/+inf biases and scores
+that would overflow are refused with an :class:`attnlab.AttnlabError`.
 """
 
 from ..errors import missing_extra
@@ -35,10 +44,12 @@ try:
 except ImportError:
     raise missing_extra("torch", "torch", "attnlab.torch") from None
 
-from .attention import causal_mask, scaled_dot_product_attention, softmax
+from .attention import scaled_dot_product_attention, softmax
 from .convert import from_numpy, from_torch_multihead, to_numpy, to_torch_multihead
-from .kv_cache import KVCache, SlidingWindowKVCache, sliding_window_mask
+from .debug import debug_checks, debug_checks_enabled
+from .kv_cache import KVCache, SlidingWindowKVCache
 from .layers import LayerNorm, SelfAttentionLayer
+from .masks import causal_mask, sliding_window_mask
 from .multihead import MultiHeadAttention
 from .positional import (
     PositionalEncoding,
@@ -60,6 +71,8 @@ __all__ = [
     "alibi_slopes",
     "apply_rope",
     "causal_mask",
+    "debug_checks",
+    "debug_checks_enabled",
     "from_numpy",
     "from_torch_multihead",
     "rope_angles",

@@ -1,9 +1,10 @@
-"""Input checks for the torch layer: the same rules and messages as :mod:`attnlab.errors`.
+"""The tensor checks of attnlab.torch: type, dtype, device -- metadata only.
 
-Shape and dtype checks read only metadata. Value checks (NaN, +-Inf) need the
-data; they reduce each tensor to one sum first (any NaN or Inf makes the sum
-non-finite) and only look element by element when that sum is not finite, so
-the common case costs one cheap reduction instead of an ``isfinite`` pass.
+These are what the torch layer adds to :mod:`attnlab.errors` (whose checks of
+flags, integers, scales and broadcastable shapes it uses as they are) and to
+:mod:`attnlab.shapes` (the shape rules and slot arithmetic both twins share).
+Nothing here reads a tensor's values or waits for its device; the checks that
+do are in :mod:`attnlab.torch.debug`, switched on by ``debug_checks()``.
 
 Dimension legend: B batch, H heads, T query length, S key length, D head dim,
 Dv value dim, E model width.
@@ -12,31 +13,23 @@ Dv value dim, E model width.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from .. import errors
-from ..errors import AttnlabError, ShapeError, shape_str
+from ..errors import AttnlabError
 
 __all__ = [
     "as_float_tensor",
     "as_bool_tensor",
-    "check_finite",
-    "check_has_data",
-    "check_bias_values",
     "check_same_device",
     "check_probability",
     "check_positive_float",
-    "broadcast_batch",
     "module_input",
-    "check_flag",
     "check_module_dtype",
 ]
 
-_HALF = (torch.float16, torch.bfloat16)
 _REAL = (int, float, np.integer, np.floating)  # Python and NumPy numbers, as in the core
 
 
@@ -45,8 +38,10 @@ def as_float_tensor(x: Any, name: str) -> torch.Tensor:
 
     Integer tensors become float64 (as the NumPy core does with integer
     arrays); bool and complex tensors, and anything that is not a tensor, are
-    refused. Values are not looked at here (see :func:`check_finite`).
+    refused. Values are not looked at here (see :mod:`attnlab.torch.debug`).
     """
+    if isinstance(x, torch.Tensor) and x.is_floating_point():  # the common case first
+        return x
     if x is None:
         raise AttnlabError(f"{name}: expected a torch.Tensor, got None")
     if not isinstance(x, torch.Tensor):
@@ -58,9 +53,7 @@ def as_float_tensor(x: Any, name: str) -> torch.Tensor:
         raise AttnlabError(f"{name}: expected a numeric tensor, got dtype torch.bool")
     if x.is_complex():
         raise AttnlabError(f"{name}: expected a real float or integer tensor, got dtype {x.dtype}")
-    if not x.is_floating_point():
-        return x.to(torch.float64)
-    return x
+    return x.to(torch.float64)
 
 
 def as_bool_tensor(mask: Any, name: str = "mask") -> torch.Tensor:
@@ -76,50 +69,6 @@ def as_bool_tensor(mask: Any, name: str = "mask") -> torch.Tensor:
             "(1 = blocked, as in seed 000); additive values belong in bias="
         )
     return mask
-
-
-def check_has_data(named: Sequence[tuple[str, torch.Tensor]]) -> None:
-    """Refuse tensors on the "meta" device: they have a shape but no values to check or use."""
-    for name, t in named:
-        if t.device.type == "meta":
-            raise AttnlabError(
-                f"{name}: expected a tensor holding values (attnlab checks them for NaN and "
-                "overflow), got one on the meta device, which holds none; move the "
-                "module or tensor to a real device first (e.g. .to_empty(device='cpu'))"
-            )
-
-
-def check_finite(named: Sequence[tuple[str, torch.Tensor]]) -> None:
-    """Raise if any tensor holds NaN or +-Inf, naming it, the count and the first index."""
-    check_has_data(named)
-    tensors = [t for _, t in named if t.numel()]
-    if not tensors:
-        return
-    # One sum per tensor and one host sync for all of them: a NaN or Inf anywhere
-    # makes its sum non-finite. A finite tensor whose sum overflows is rare and
-    # only costs the exact check below.
-    with torch.no_grad():  # a check, not part of the model: nothing for autograd to record
-        sums = torch.stack([t.sum().float() for t in tensors])
-        if bool(torch.isfinite(sums).all()):
-            return
-    for name, t in named:
-        finite = torch.isfinite(t)
-        if bool(finite.all()):
-            continue
-        bad = torch.nonzero(~finite)
-        first = tuple(int(i) for i in bad[0])
-        kind = "NaN" if bool(torch.isnan(t[first])) else "Inf"
-        raise AttnlabError(
-            f"{name}: expected finite values, got {len(bad)} non-finite "
-            f"(first: {kind} at index {first})"
-        )
-
-
-def check_bias_values(bias: torch.Tensor, name: str = "bias") -> None:
-    """A bias may hold -inf (a block) but never NaN or +inf."""
-    check_has_data([(name, bias)])
-    if bias.numel() and bool((torch.isnan(bias) | torch.isposinf(bias)).any()):
-        raise AttnlabError(f"{name}: expected finite values or -inf, got NaN or +inf")
 
 
 def check_same_device(reference: torch.Tensor, ref_name: str, x: torch.Tensor, name: str) -> None:
@@ -143,22 +92,6 @@ def check_positive_float(value: Any, name: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise AttnlabError(f"{name}: expected a finite number > 0, got {value}")
     return float(value)
-
-
-def broadcast_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
-    """The broadcast of the leading (batch) dims of q, k and v, or a ShapeError naming all three."""
-    try:
-        return tuple(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
-    except RuntimeError:
-        raise ShapeError(
-            "q, k, v: expected leading (batch) dims that broadcast together, got "
-            f"q {shape_str(q.shape)}, k {shape_str(k.shape)}, v {shape_str(v.shape)}"
-        ) from None
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float16 and bfloat16 are computed in float32 on the plain path (as the NumPy core does)."""
-    return torch.float32 if dtype in _HALF else dtype
 
 
 def module_input(x: Any, name: str, like: torch.Tensor) -> torch.Tensor:
@@ -185,8 +118,3 @@ def check_module_dtype(dtype: Any) -> Any:
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise AttnlabError(f"dtype: expected a torch float dtype or None, got {dtype!r}")
     return dtype
-
-
-def check_flag(value: Any, name: str) -> bool:
-    """True or False (NumPy's ``np.bool_`` too, as in the core); anything else is refused."""
-    return errors.check_flag(value, name)

@@ -82,12 +82,13 @@ def to_torch_multihead(mha: MultiHeadAttention) -> nn.MultiheadAttention:
         raise AttnlabError(
             f"mha: expected an attnlab.torch.MultiHeadAttention, got {type(mha).__name__}"
         )
-    E, H = mha.d_model, mha.h
+    E, H = mha.d_model, mha.num_heads
     problems = []
     if mha.num_kv_heads != H:
         problems.append(f"num_kv_heads = {mha.num_kv_heads} (GQA)")
-    if mha.d_v != mha.d_k or H * mha.d_k != E:
-        problems.append(f"head dims D = {mha.d_k}, Dv = {mha.d_v} with H = {H}, E = {E}")
+    D, Dv = mha.head_dim, mha.value_head_dim
+    if Dv != D or H * D != E:
+        problems.append(f"head dims D = {D}, Dv = {Dv} with H = {H}, E = {E}")
     if mha.d_out != E:
         problems.append(f"d_out = {mha.d_out}")
     if mha.rope or mha.alibi:
@@ -147,7 +148,7 @@ def from_torch_multihead(module: nn.MultiheadAttention) -> MultiHeadAttention:
     weight = module.out_proj.weight
     has_bias = module.in_proj_bias is not None
     mha = MultiHeadAttention(
-        H, E, module.dropout, d_context=module.kdim, bias=has_bias,
+        H, E, dropout=module.dropout, d_context=module.kdim, use_bias=has_bias,
         device=weight.device, dtype=weight.dtype,
     )
     with torch.no_grad():

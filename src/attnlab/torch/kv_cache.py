@@ -3,7 +3,8 @@
 Dimension legend: B batch, H query heads, Hkv key/value heads (H a multiple of
 Hkv), T new tokens, S keys attended to, D head dim, Dv value head dim, W window.
 
-Same semantics as the NumPy twins, tested against them:
+Same semantics as the NumPy twins, tested against them, and the same shape
+checks and slot arithmetic (:mod:`attnlab.shapes`):
 
 - :class:`KVCache`: appends keys (B, Hkv, T, D) and values (B, Hkv, T, Dv);
   ``attend(q, k, v)`` appends, then attends from the T new queries (positions
@@ -14,9 +15,14 @@ Same semantics as the NumPy twins, tested against them:
   ``i mod W``. **W keys including the current token**: the query at position p
   sees keys ``max(0, p - W + 1) .. p``.
 
-The attention itself is :func:`attnlab.torch.attention.attend` (torch's fused
+The attention itself is :func:`attnlab.torch.kernel.attend` (torch's fused
 kernel where it applies). Query head h reads key/value head h // (H / Hkv); the
 heads of a group are stacked as rows of one product, the keys are not repeated.
+
+Checks: shapes, dtypes and devices always; under
+:func:`attnlab.torch.debug_checks` also NaN/Inf in q, k, v, values too large
+for the cache's dtype, and scores against the held keys that could overflow
+(all before anything is appended).
 
 The caches are for inference: keys and values are stored detached (gradients
 flow to the queries of the current call only). Use the full forward to train.
@@ -28,45 +34,27 @@ from typing import Any, cast
 
 import torch
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    check_alloc,
-    check_positive_int,
-    check_scale,
-    shape_str,
+from ..errors import AttnlabError, check_alloc, check_positive_int, check_scale
+from ..shapes import (
+    check_cache_query_shape,
+    check_cache_room,
+    check_kv_shapes,
+    grown_capacity,
+    held_positions,
+    ring_segments,
 )
-from .attention import attend, check_tensor_score_range
-from .checks import as_float_tensor, check_finite
+from . import debug
+from .checks import as_float_tensor
+from .kernel import attend, causal_allowed, window_allowed
 
-__all__ = ["KVCache", "SlidingWindowKVCache", "sliding_window_mask"]
-
-
-def sliding_window_mask(
-    T: int, window: int, *, S: int | None = None, device: Any = None
-) -> torch.Tensor:  # -> (T, S)
-    """Causal sliding-window mask, bottom-right aligned, True = may attend; behaves
-    identically to ``attnlab.sliding_window_mask(T, window, is_causal=True, S=S)``.
-
-    Query i sits at position ``p = S - T + i`` and sees keys ``p - W < j <= p``.
-
-    >>> sliding_window_mask(3, 2).int()
-    tensor([[1, 0, 0],
-            [1, 1, 0],
-            [0, 1, 1]], dtype=torch.int32)
-    """
-    T = check_positive_int(T, "T", allow_zero=True)
-    sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
-    S = T if S is None else check_positive_int(S, "S", allow_zero=True)
-    W = check_positive_int(window, "window")
-    check_alloc((T, S), torch.bool, "the sliding-window mask (T, S)", sizes)
-    query_pos = torch.arange(T, device=device)[:, None] + (S - T)  # (T, 1)
-    key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
-    return (key_pos <= query_pos) & (key_pos > query_pos - W)  # (T, S)
+__all__ = ["KVCache", "SlidingWindowKVCache"]
 
 
 class _CacheBase:
     """Shape bookkeeping and input checks shared by the two caches."""
+
+    _keys: torch.Tensor  # (B, Hkv, capacity or W, D)
+    _values: torch.Tensor  # (B, Hkv, capacity or W, Dv)
 
     def __init__(
         self, batch: int, num_kv_heads: int, head_dim: int, value_head_dim: int | None,
@@ -84,8 +72,6 @@ class _CacheBase:
         self.dtype: torch.dtype = dtype
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self._length = 0
-        # Largest |key| appended since the last reset, kept on the device (no host sync).
-        self._k_max = torch.zeros((), dtype=torch.float64, device=self.device)
 
     @property
     def length(self) -> int:
@@ -95,6 +81,11 @@ class _CacheBase:
     def __len__(self) -> int:
         return self._length
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the key and value buffers."""
+        return sum(t.numel() * t.element_size() for t in (self._keys, self._values))
+
     def next_positions(self, T: int) -> torch.Tensor:  # -> (T,) int64
         """Absolute positions of the next T tokens: ``length .. length + T - 1`` (for RoPE)."""
         T = check_positive_int(T, "T", allow_zero=True)
@@ -102,73 +93,54 @@ class _CacheBase:
 
     def _check_kv(self, k: Any, v: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """k (B, Hkv, T, D), v (B, Hkv, T, Dv), detached, in the cache's dtype and device."""
-        B, Hkv, D, Dv = self.batch, self.num_kv_heads, self.head_dim, self.value_head_dim
         k_t = as_float_tensor(k, "k")
         v_t = as_float_tensor(v, "v")
-        if k_t.ndim != 4 or tuple(k_t.shape[:2]) != (B, Hkv) or k_t.shape[3] != D:
-            raise ShapeError(
-                f"k: expected (B, Hkv, T, D) = ({B}, {Hkv}, T, {D}), got {shape_str(k_t.shape)}"
-            )
-        T = k_t.shape[2]
-        if tuple(v_t.shape) != (B, Hkv, T, Dv):
-            raise ShapeError(
-                f"v: expected (B, Hkv, T, Dv) = ({B}, {Hkv}, {T}, {Dv}) to match k, "
-                f"got {shape_str(v_t.shape)}"
-            )
+        check_kv_shapes(k_t.shape, v_t.shape, self.batch, self.num_kv_heads, self.head_dim,
+                        self.value_head_dim)
         for name, t in (("k", k_t), ("v", v_t)):
-            if t.device != self.device:
-                raise AttnlabError(
-                    f"{name}: expected a tensor on the cache's device {self.device}, "
-                    f"got {t.device}"
-                )
-        check_finite([("k", k_t), ("v", v_t)])
+            self._check_device(t, name)
+        if debug.debug_checks_enabled():
+            debug.check_finite([("k", k_t), ("v", v_t)])
         return self._cast(k_t, "k"), self._cast(v_t, "v")
 
-    def _cast(self, t: torch.Tensor, name: str) -> torch.Tensor:
-        """``t`` in the cache's dtype; refused if a narrowing cast would overflow to inf."""
-        out = t.detach().to(self.dtype)
-        narrowing = torch.finfo(t.dtype).max > torch.finfo(self.dtype).max
-        if narrowing and out.numel() and not bool(torch.isfinite(out).all()):
-            largest = float(t.detach().abs().amax())
+    def _check_device(self, t: torch.Tensor, name: str) -> None:
+        if t.device != self.device:
             raise AttnlabError(
-                f"{name}: values up to {largest:.3g} do not fit the cache's dtype "
-                f"{self.dtype} (largest {torch.finfo(self.dtype).max:.3g})"
+                f"{name}: expected a tensor on the cache's device {self.device}, got {t.device}"
             )
+
+    def _cast(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        """``t`` detached, in the cache's dtype; under debug_checks, refused if a narrowing
+        cast would overflow to inf."""
+        out = t.detach().to(self.dtype)
+        if (debug.debug_checks_enabled() and out.numel()
+                and torch.finfo(t.dtype).max > torch.finfo(self.dtype).max
+                and not bool(torch.isfinite(out.sum(dtype=torch.float64)))):
+            if not bool(torch.isfinite(out).all()):
+                largest = float(t.detach().abs().amax())
+                raise AttnlabError(
+                    f"{name}: values up to {largest:.3g} do not fit the cache's dtype "
+                    f"{self.dtype} (largest {torch.finfo(self.dtype).max:.3g})"
+                )
         return out
-
-    def _grown_k_max(self, k: torch.Tensor) -> torch.Tensor:  # -> () float64
-        """max(the running max|key|, max|k|) as a 0-d tensor on the device."""
-        if not k.numel():
-            return self._k_max
-        return torch.maximum(self._k_max, k.abs().amax().to(torch.float64))
-
-    def _check_scores(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-        """Refuse q (and new keys k) whose scores with the cached keys could overflow,
-        before anything is appended; returns the grown max|key| (0-d, float64)."""
-        k_max = self._grown_k_max(k)
-        check_tensor_score_range(q, k, None, scale, k_max)
-        return k_max
 
     def _check_q(self, q: Any, T: int) -> torch.Tensor:
         """q (B, H, T, D) with H a multiple of Hkv, in the cache's dtype."""
-        B, Hkv, D = self.batch, self.num_kv_heads, self.head_dim
         q_t = as_float_tensor(q, "q")
-        if (q_t.ndim != 4 or q_t.shape[0] != B or tuple(q_t.shape[2:]) != (T, D)
-                or q_t.shape[1] % Hkv or q_t.shape[1] == 0):
-            raise ShapeError(
-                f"q: expected (B, H, T, D) = ({B}, H, {T}, {D}) with H a positive multiple of "
-                f"Hkv = {Hkv} and T matching k, got {shape_str(q_t.shape)}"
-            )
-        if q_t.device != self.device:
-            raise AttnlabError(
-                f"q: expected a tensor on the cache's device {self.device}, got {q_t.device}"
-            )
-        check_finite([("q", q_t)])
+        check_cache_query_shape(q_t.shape, self.batch, self.num_kv_heads, T, self.head_dim)
+        self._check_device(q_t, "q")
+        if debug.debug_checks_enabled():
+            debug.check_finite([("q", q_t)])
         return self._cast(q_t, "q") if q_t.dtype != self.dtype else q_t
 
-    @staticmethod
-    def _check_scale(scale: float | None, D: int) -> float:
-        return check_scale(scale, D)
+    def _check_scores(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
+        """Under debug_checks: refuse q whose scores with the held and the new keys could
+        overflow, before anything is appended."""
+        if debug.debug_checks_enabled():
+            debug.check_tensor_score_range(q, k, None, scale, cached=self._held_keys())
+
+    def _held_keys(self) -> torch.Tensor:  # (B, Hkv, n, D), in slot order
+        raise NotImplementedError
 
     def _check_buffer(self, length: int, name: str) -> None:
         """Refuse key/value buffers of ``length`` positions beyond attnlab's size limit."""
@@ -183,20 +155,17 @@ class _CacheBase:
 
 def _grouped_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor | None,
-    scale: float, k_max: torch.Tensor,
-) -> torch.Tensor:  # the score range was checked by the caller (_CacheBase._check_scores)
+    scale: float,
+) -> torch.Tensor:
     """Shapes: q (B, H, T, D), keys (B, Hkv, S, D), values (B, Hkv, S, Dv),
     allowed bool (T, S) or None -> (B, H, T, Dv)."""
     B, H, T, D = q.shape
     Hkv = keys.shape[1]
     G = H // Hkv
     rows = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D); head h = g*G + j
-    if allowed is not None:
+    if allowed is not None and G > 1:
         allowed = allowed.repeat(G, 1)  # (G*T, S), rows in the order of `rows`
-    out = cast(torch.Tensor, attend(
-        rows, keys, values, allowed, None, scale, is_causal=False, dropout_p=0.0,
-        return_weights=False, k_max=k_max, range_checked=True,
-    ))  # (B, Hkv, G*T, Dv); without weights attend returns the output alone
+    out = cast(torch.Tensor, attend(rows, keys, values, allowed, None, scale))  # (B, Hkv, G*T, Dv)
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
@@ -237,12 +206,8 @@ class KVCache(_CacheBase):
 
     @property
     def capacity(self) -> int:
+        """Positions allocated now (grows unless ``max_len`` is set)."""
         return self._keys.shape[2]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the key and value buffers."""
-        return sum(t.numel() * t.element_size() for t in (self._keys, self._values))
 
     @property
     def keys(self) -> torch.Tensor:  # (B, Hkv, S, D)
@@ -254,9 +219,12 @@ class KVCache(_CacheBase):
         """View of the cached values; valid until the next append."""
         return self._values[:, :, : self._length]
 
+    def _held_keys(self) -> torch.Tensor:  # (B, Hkv, S, D)
+        return self.keys
+
     def reset(self) -> None:
+        """Forget every token (the storage is kept for reuse)."""
         self._length = 0
-        self._k_max = torch.zeros_like(self._k_max)
 
     def append(self, k: Any, v: Any) -> None:
         """Append the keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of T new tokens."""
@@ -265,48 +233,41 @@ class KVCache(_CacheBase):
 
     def _write(self, k: torch.Tensor, v: torch.Tensor) -> None:
         T = k.shape[2]
+        check_cache_room(self._length, T, self.max_len)
         needed = self._length + T
-        if self.max_len is not None and needed > self.max_len:
-            raise AttnlabError(
-                f"k: the cache is full: it holds {self._length} of max_len = {self.max_len} "
-                f"positions, expected T <= {self.max_len - self._length} new tokens, got T = {T}; "
-                "create it with a larger max_len, leave max_len=None to let it grow, or use "
-                "SlidingWindowKVCache"
-            )
         if needed > self.capacity:
-            new_capacity = self.capacity
-            while new_capacity < needed:
-                new_capacity *= 2
+            new_capacity = grown_capacity(self.capacity, needed)
             self._check_buffer(new_capacity, "k")
-            keys, values = self._zeros(new_capacity, self.head_dim), self._zeros(
-                new_capacity, self.value_head_dim)
+            keys = self._zeros(new_capacity, self.head_dim)
+            values = self._zeros(new_capacity, self.value_head_dim)
             keys[:, :, : self._length] = self._keys[:, :, : self._length]
             values[:, :, : self._length] = self._values[:, :, : self._length]
             self._keys, self._values = keys, values
         self._keys[:, :, self._length : needed] = k
         self._values[:, :, self._length : needed] = v
         self._length = needed
-        self._k_max = self._grown_k_max(k)
 
     def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> torch.Tensor:
-        """Append the new tokens' k, v, then attend from their queries over the whole cache.
+        """Append the T new tokens' k, v, then attend from their queries over the whole cache.
 
         Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
+
+        Query i sits at position ``S - T + i`` (S = length after the append) and
+        sees keys 0 .. S - T + i: causal, bottom-right aligned. ``scale``
+        defaults to 1/√D.
         """
         k_t, v_t = self._check_kv(k, v)
         T = k_t.shape[2]
         q_t = self._check_q(q, T)
-        scale_value = self._check_scale(scale, self.head_dim)
+        scale_value = check_scale(scale, self.head_dim)
         check_alloc((T, self._length + T), torch.bool, "the causal mask (T, S)", "q")
         self._check_scores(q_t, k_t, scale_value)
         self._write(k_t, v_t)
         S = self._length
-        allowed = None
-        if T > 1:
-            query_pos = torch.arange(T, device=self.device)[:, None] + (S - T)  # (T, 1)
-            allowed = torch.arange(S, device=self.device)[None, :] <= query_pos  # (T, S)
+        # One query over the whole cache sees every key: no mask needed.
+        allowed = causal_allowed(T, S, self.device) if T > 1 else None  # (T, S)
         return _grouped_attention(q_t, self._keys[:, :, :S], self._values[:, :, :S], allowed,
-                                  scale_value, self._k_max)  # (B, H, T, Dv)
+                                  scale_value)  # (B, H, T, Dv)
 
     def __repr__(self) -> str:
         return (
@@ -321,8 +282,9 @@ class SlidingWindowKVCache(_CacheBase):
     identically to :class:`attnlab.SlidingWindowKVCache`.
 
     **W = the number of keys each query sees, including itself**: the query at
-    position p attends to keys ``max(0, p - W + 1) .. p``. Position i lives in
-    slot ``i mod W``.
+    position p attends to keys ``max(0, p - W + 1) .. p``, the band of
+    :func:`attnlab.torch.sliding_window_mask` with ``is_causal=True``. Position i
+    lives in slot ``i mod W``; the buffer holds the last ``min(length, W)`` positions.
 
     >>> cache = SlidingWindowKVCache(1, 1, 2, window=3)
     >>> _ = cache.attend(torch.ones(1, 1, 5, 2), torch.ones(1, 1, 5, 2), torch.ones(1, 1, 5, 2))
@@ -346,30 +308,36 @@ class SlidingWindowKVCache(_CacheBase):
         self._check_buffer(self.window, "window")
         self._keys = self._zeros(self.window, self.head_dim)  # (B, Hkv, W, D)
         self._values = self._zeros(self.window, self.value_head_dim)  # (B, Hkv, W, Dv)
-        self._slot_pos = torch.full((self.window,), -1, dtype=torch.int64,
-                                    device=self.device)  # (W,) position held by each slot
 
     @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self._keys, self._values))
-
-    @property
-    def positions(self) -> torch.Tensor:  # (min(length, W),)
+    def positions(self) -> torch.Tensor:  # (min(length, W),) int64
         """The absolute positions held, in increasing order."""
-        return torch.sort(self._slot_pos[self._slot_pos >= 0]).values
+        held = held_positions(self._length, self.window)
+        return torch.arange(held.start, held.stop, device=self.device)
 
     @property
     def keys(self) -> torch.Tensor:  # (B, Hkv, min(length, W), D)
-        return self._keys[:, :, self.positions % self.window]
+        """A copy of the held keys in position order."""
+        return self._in_order(self._keys)
 
     @property
     def values(self) -> torch.Tensor:  # (B, Hkv, min(length, W), Dv)
-        return self._values[:, :, self.positions % self.window]
+        """A copy of the held values in position order."""
+        return self._in_order(self._values)
+
+    def _in_order(self, buffer: torch.Tensor) -> torch.Tensor:  # (B, Hkv, W, ·) -> (B, Hkv, n, ·)
+        held = held_positions(self._length, self.window)
+        parts = [buffer[:, :, slot : slot + count]
+                 for _, slot, count in ring_segments(held.start, held.stop, self.window)]
+        return torch.cat(parts, dim=2) if parts else buffer[:, :, :0].clone()
+
+    def _held_keys(self) -> torch.Tensor:  # (B, Hkv, min(length, W), D), slot order
+        # Until the buffer is full, positions 0 .. length - 1 sit in slots 0 .. length - 1.
+        return self._keys[:, :, : min(self._length, self.window)]
 
     def reset(self) -> None:
+        """Forget every token."""
         self._length = 0
-        self._k_max = torch.zeros_like(self._k_max)
-        self._slot_pos.fill_(-1)
 
     def append(self, k: Any, v: Any) -> None:
         """Append the keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of T new tokens."""
@@ -377,45 +345,45 @@ class SlidingWindowKVCache(_CacheBase):
         self._write(k_t, v_t)
 
     def _write(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        T, W = k.shape[2], self.window
-        keep = min(T, W)
-        positions = self._length + torch.arange(T - keep, T, device=self.device)  # (keep,)
-        slots = positions % W  # (keep,) distinct
-        self._keys[:, :, slots] = k[:, :, T - keep :]
-        self._values[:, :, slots] = v[:, :, T - keep :]
-        self._slot_pos[slots] = positions
+        """Positions length .. length+T-1 go to their slots; only the last W can survive."""
+        T = k.shape[2]
+        keep = min(T, self.window)
+        start = self._length + T - keep  # the first position that survives
+        for offset, slot, count in ring_segments(start, start + keep, self.window):
+            first = T - keep + offset  # its index in the chunk
+            self._keys[:, :, slot : slot + count] = k[:, :, first : first + count]
+            self._values[:, :, slot : slot + count] = v[:, :, first : first + count]
         self._length += T
-        self._k_max = self._grown_k_max(k)
 
     def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> torch.Tensor:
-        """Append the new tokens' k, v, and attend from their queries within the window.
+        """Append the T new tokens' k, v, and attend from their queries within the window.
 
         Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
+
+        The query at position p sees keys ``max(0, p - W + 1) .. p``. A single
+        new token is written first and attends over the held slots (exactly its
+        window, in any order); a chunk of T > 1 attends over the held keys in
+        position order followed by the chunk, and is written afterwards.
         """
         k_t, v_t = self._check_kv(k, v)
         T = k_t.shape[2]
         q_t = self._check_q(q, T)
-        scale_value = self._check_scale(scale, self.head_dim)
-        k_max = self._check_scores(q_t, k_t, scale_value)
+        scale_value = check_scale(scale, self.head_dim)
+        self._check_scores(q_t, k_t, scale_value)
         W = self.window
         if T == 1:
-            # After writing, the W slots hold positions p - W + 1 .. p: exactly the window.
+            # After writing, the held slots hold positions p - W + 1 .. p: exactly the window.
             self._write(k_t, v_t)
-            filled = self._slot_pos >= 0  # (W,)
-            allowed = None if self._length >= W else filled[None, :]  # (1, W)
-            return _grouped_attention(q_t, self._keys, self._values, allowed, scale_value,
-                                      self._k_max)
-        query_pos = self._length + torch.arange(T, device=self.device)  # (T,)
-        key_pos = torch.cat([self._slot_pos, query_pos])  # (W + T,), -1 = empty slot
-        keys = torch.cat([self._keys, k_t], dim=2)  # (B, Hkv, W + T, D)
-        values = torch.cat([self._values, v_t], dim=2)  # (B, Hkv, W + T, Dv)
-        allowed = (
-            (key_pos[None, :] >= 0)
-            & (key_pos[None, :] <= query_pos[:, None])
-            & (key_pos[None, :] > query_pos[:, None] - W)
-        )  # (T, W + T)
-        out = _grouped_attention(q_t, keys, values, allowed, scale_value,
-                                 k_max)  # (B, H, T, Dv)
+            n = min(self._length, W)
+            return _grouped_attention(q_t, self._keys[:, :, :n], self._values[:, :, :n], None,
+                                      scale_value)  # (B, H, 1, Dv)
+        held = held_positions(self._length, W)
+        keys = torch.cat([self._in_order(self._keys), k_t], dim=2)  # (B, Hkv, n + T, D)
+        values = torch.cat([self._in_order(self._values), v_t], dim=2)  # (B, Hkv, n + T, Dv)
+        query_pos = torch.arange(self._length, self._length + T, device=self.device)  # (T,)
+        key_pos = torch.arange(held.start, self._length + T, device=self.device)  # (n + T,)
+        allowed = window_allowed(query_pos, key_pos, W, True)  # (T, n + T)
+        out = _grouped_attention(q_t, keys, values, allowed, scale_value)  # (B, H, T, Dv)
         self._write(k_t, v_t)
         return out
 

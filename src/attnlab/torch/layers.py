@@ -7,9 +7,11 @@ NumPy layers, the modules start in training mode (torch's convention): call
 
 Dimension legend: B batch, H heads, T sequence length, E model width.
 
-Norm placement: ``norm_first=False`` is the core's ``norm="post"`` (seed 001's
-code, ``LN(x + Dropout(MHA(x)))``), ``norm_first=True`` its ``norm="pre"``
-(``x + Dropout(MHA(LN(x)))``).
+Norm placement, as in the core: ``norm="post"`` (seed 001's code,
+``LN(x + Dropout(MHA(x)))``) or ``norm="pre"`` (``x + Dropout(MHA(LN(x)))``).
+
+Checks: shapes, dtypes and devices at every call; NaN/Inf in the inputs only
+under :func:`attnlab.torch.debug_checks`.
 """
 
 from __future__ import annotations
@@ -21,15 +23,9 @@ from torch import nn
 
 from ..errors import AttnlabError, ShapeError, check_positive_int, shape_str
 from ..nn import layers as np_layers
-from .checks import (
-    check_finite,
-    check_flag,
-    check_module_dtype,
-    check_positive_float,
-    check_probability,
-    module_input,
-)
-from .multihead import MultiHeadAttention, _Checked
+from . import debug
+from .checks import check_module_dtype, check_positive_float, check_probability, module_input
+from .multihead import MultiHeadAttention, MultiHeadInputs
 from .params import to_array, to_param, torch_dtype
 
 __all__ = ["LayerNorm", "SelfAttentionLayer"]
@@ -57,9 +53,17 @@ class LayerNorm(nn.LayerNorm):
         E = self.normalized_shape[0]
         if x.ndim < 1 or x.shape[-1] != E:
             raise ShapeError(f"x: expected (..., {E}), got {shape_str(x.shape)}")
-        check_finite([("x", x)])
+        if debug.debug_checks_enabled():
+            debug.check_finite([("x", x)])
         out = super().forward(x)
-        if x.numel() and not bool(torch.isfinite(out).all()):
+        if torch.compiler.is_compiling():
+            # No read-back inside a graph: pick the rescaled rows element-wise instead.
+            return torch.where(torch.isfinite(out), out, self._rescaled(x))
+        # Eager: one reduction and one read-back. A normalised row is at most
+        # sqrt(E)·|weight| + |bias|, so the sum is finite unless a row overflowed (or the
+        # input held NaN/Inf, which the rescaled rows keep). Meta tensors hold no values.
+        if x.numel() and x.device.type != "meta" and not bool(
+                torch.isfinite(out.detach().sum())):
             out = self._rescaled(x)
         return out
 
@@ -108,12 +112,11 @@ class SelfAttentionLayer(nn.Module):
     behaves identically to :class:`attnlab.SelfAttentionLayer`.
 
     Shapes: x (B, T, E) or (T, E) -> same shape; ``mask`` bool, broadcastable to
-    (B, H, T, S), True = may attend.
+    (B, H, T, S), True = may attend; ``key_padding`` bool (B, T), True = a real token.
 
-    ``norm_first=False`` (post, seed 001's code): ``norm1(x + dropout(self_attn(x)))``;
-    ``norm_first=True`` (pre): ``x + dropout(self_attn(norm1(x)))`` -- the core's
-    ``norm="post"`` / ``norm="pre"``. Other keyword arguments go to
-    :class:`MultiHeadAttention` (whose own dropout stays 0, as in the seed).
+    ``norm="post"`` (seed 001's code): ``norm1(x + dropout(self_attn(x)))``;
+    ``norm="pre"``: ``x + dropout(self_attn(norm1(x)))``. Other keyword arguments
+    go to :class:`MultiHeadAttention` (whose own dropout stays 0, as in the seed).
 
     >>> layer = SelfAttentionLayer(8, 2).eval()
     >>> layer(torch.ones(2, 3, 8)).shape
@@ -123,29 +126,31 @@ class SelfAttentionLayer(nn.Module):
     def __init__(
         self,
         d_model: int,
-        h: int,
+        num_heads: int,
         dropout: float = 0.1,
-        norm_first: bool = False,
         *,
+        norm: np_layers.NormPlacement = "post",
         num_kv_heads: int | None = None,
         eps: float = 1e-5,
-        bias: bool = True,
+        use_bias: bool = True,
         v_gain: float = 1.0,
+        generator: torch.Generator | None = None,
+        device: Any = None,
+        dtype: Any = None,
         rope: bool = False,
         rope_base: float = 10000.0,
         rope_interleaved: bool = False,
         alibi: bool = False,
-        generator: torch.Generator | None = None,
-        device: Any = None,
-        dtype: Any = None,
     ) -> None:
         super().__init__()
         p = check_probability(dropout, "dropout")
-        self.norm_first = check_flag(norm_first, "norm_first")
+        if norm not in ("post", "pre"):
+            raise AttnlabError(f"norm: expected 'post' or 'pre', got {norm!r}")
+        self.norm: np_layers.NormPlacement = norm
         self.self_attn = MultiHeadAttention(
-            h, d_model, 0.0, num_kv_heads=num_kv_heads, bias=bias, v_gain=v_gain,
-            rope=rope, rope_base=rope_base, rope_interleaved=rope_interleaved, alibi=alibi,
-            generator=generator, device=device, dtype=dtype,
+            num_heads, d_model, dropout=0.0, num_kv_heads=num_kv_heads, use_bias=use_bias,
+            v_gain=v_gain, generator=generator, device=device, dtype=dtype, rope=rope,
+            rope_base=rope_base, rope_interleaved=rope_interleaved, alibi=alibi,
         )
         self.norm1 = LayerNorm(d_model, eps, device=device, dtype=dtype)
         self.dropout = nn.Dropout(p)
@@ -159,15 +164,16 @@ class SelfAttentionLayer(nn.Module):
         bias: torch.Tensor | None = None,
         is_causal: bool = False,
     ) -> torch.Tensor:  # (B, T, E) -> (B, T, E)
-        c = self.self_attn._check(x, x, x, mask, key_padding, bias, is_causal, names=("x",) * 3)
+        c = self.self_attn.check_inputs(x, x, x, mask, key_padding, bias, is_causal,
+                                        names=("x",) * 3)
 
         def attend_to(h: torch.Tensor) -> torch.Tensor:
-            out = self.self_attn._attend(
-                _Checked(h, h, h, c.allowed, c.bias, c.is_causal), need_weights=False
+            out = self.self_attn.forward_checked(
+                MultiHeadInputs(h, h, h, c.allowed, c.bias, c.is_causal)
             )
             return cast(torch.Tensor, out)  # weights were not requested
 
-        if self.norm_first:
+        if self.norm == "pre":
             return x + self.dropout(attend_to(self.norm1(x)))  # (B, T, E)
         return self.norm1(x + self.dropout(attend_to(x)))  # (B, T, E)
 
@@ -183,7 +189,7 @@ class SelfAttentionLayer(nn.Module):
             )
         attn = MultiHeadAttention.from_numpy(layer.attn, device=device, dtype=dtype)
         module = cls(
-            attn.d_model, attn.h, layer.dropout.p, layer.norm == "pre",
+            attn.d_model, attn.num_heads, layer.dropout.p, norm=layer.norm,
             num_kv_heads=attn.num_kv_heads, eps=layer.norm1.eps,
             device=device, dtype=attn.q_proj.weight.dtype,
         )
@@ -199,8 +205,8 @@ class SelfAttentionLayer(nn.Module):
         :meth:`MultiHeadAttention.to_numpy`)."""
         attn = self.self_attn.to_numpy()
         layer = np_layers.SelfAttentionLayer(
-            self.self_attn.d_model, self.self_attn.h, dropout=self.dropout.p,
-            norm="pre" if self.norm_first else "post",
+            self.self_attn.d_model, self.self_attn.num_heads, dropout=self.dropout.p,
+            norm=self.norm,
             num_kv_heads=self.self_attn.num_kv_heads, eps=self.norm1.eps,
         )
         layer.attn = attn

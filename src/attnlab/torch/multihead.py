@@ -2,11 +2,16 @@
 
 Behaves identically to :class:`attnlab.MultiHeadAttention` (the NumPy core) on
 the same parameters, which move both ways with :meth:`MultiHeadAttention.from_numpy`
-and :meth:`MultiHeadAttention.to_numpy`. Seed 001's name and signature
-(``MultiHeadAttention(h, d_model)``, ``forward(query, key, value, mask)``), and
-torch's conventions for the rest: the module starts in training mode, its
-parameters are ``nn.Linear`` layers stored (out, in) (``W_numpy = linear.weight.T``),
-and inputs must already have the parameters' dtype and device.
+and :meth:`MultiHeadAttention.to_numpy`. Seed 001's name and positional form
+(``MultiHeadAttention(h, d_model)``, ``forward(query, key, value, mask)``), the
+library's names (``num_heads``, ``head_dim``, ``return_weights``), and torch's
+conventions for the rest: the module starts in training mode, its parameters
+are ``nn.Linear`` layers stored (out, in) (``W_numpy = linear.weight.T``), and
+inputs must already have the parameters' dtype and device.
+
+Checks: shapes, dtypes and devices at every call; NaN/Inf in the inputs,
+NaN/+inf in ``bias`` and score overflow only under
+:func:`attnlab.torch.debug_checks`.
 
 Dimension legend: B batch, H heads (Hkv key/value heads), T query length,
 S key length, D head dim, Dv value head dim, E model width (Ekv: width of the
@@ -16,42 +21,39 @@ keys' and values' input).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from ..errors import (
     AttnlabError,
-    ShapeError,
     check_alloc,
     check_broadcastable,
+    check_flag,
     check_positive_int,
-    shape_str,
 )
 from ..nn import multihead as np_multihead
-from .attention import attend, check_score_size
+from ..shapes import check_key_padding_shape, check_module_inputs, check_score_elements
+from . import debug
 from .checks import (
     as_bool_tensor,
-    check_bias_values,
-    check_finite,
-    check_flag,
     check_module_dtype,
     check_positive_float,
     check_probability,
     check_same_device,
     module_input,
 )
+from .kernel import PLAIN_PATH_HINT, attend
 from .params import to_array, to_optional_array, to_param, torch_dtype
-from .positional import alibi_bias, rotate
+from .positional import alibi_values, rotate
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["MultiHeadAttention", "MultiHeadInputs"]
 
 
-@dataclass
-class _Checked:
-    """Inputs of multi-head attention after validation (no math done yet)."""
+class MultiHeadInputs(NamedTuple):
+    """Inputs of multi-head attention after :meth:`MultiHeadAttention.check_inputs`
+    (no math done yet)."""
 
     query: torch.Tensor  # (B, T, E) or (T, E)
     key: torch.Tensor  # (B, S, Ekv) or (S, Ekv)
@@ -65,17 +67,20 @@ class MultiHeadAttention(nn.Module):
     """Multi-head (and grouped-query) attention; behaves identically to
     :class:`attnlab.MultiHeadAttention` on the same parameters.
 
-    Seed 001's ``MultiHeadAttention(h, d_model)``, with torch's conventions for the
-    rest: ``dropout`` is on the attention weights (active in training mode only).
+    Seed 001's ``MultiHeadAttention(h, d_model)`` (positionally; the parameter is
+    named ``num_heads``), with torch's conventions for the rest: ``dropout`` is on
+    the attention weights (active in training mode only).
 
     Args:
-        h: query heads H. d_model: model width E (E must be a multiple of H
+        num_heads: query heads H. d_model: model width E (E must be a multiple of H
             unless ``head_dim`` is given).
+        dropout: on the attention weights, in training mode.
         num_kv_heads: Hkv for grouped-query attention (default H; must divide H).
             Query head h reads key/value head h // (H / Hkv).
         head_dim, value_head_dim: D (default E // H) and Dv (default D).
         d_context: Ekv, width of ``key`` / ``value`` (default E). d_out: output width (default E).
-        bias: biases on all four projections.
+        use_bias: biases on all four projections (``bias`` is the additive score bias
+            of a call, as everywhere in attnlab).
         v_gain: scales the Xavier init of the value projection (seed 001's "smaller V").
         rope: rotate queries and keys per head (RoPE) with ``rope_base`` and
             ``rope_interleaved``; keys sit at positions 0 .. S-1 and queries at
@@ -96,49 +101,52 @@ class MultiHeadAttention(nn.Module):
     >>> x = torch.ones(1, 3, 8)
     >>> mha(x, x, x).shape
     torch.Size([1, 3, 8])
-    >>> out, weights = mha(x, x, x, need_weights=True)
+    >>> out, weights = mha(x, x, x, return_weights=True)
     >>> weights.shape
     torch.Size([1, 2, 3, 3])
     """
 
     def __init__(
         self,
-        h: int,
+        num_heads: int,
         d_model: int,
-        dropout: float = 0.0,
         *,
+        dropout: float = 0.0,
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         value_head_dim: int | None = None,
         d_context: int | None = None,
         d_out: int | None = None,
-        bias: bool = True,
+        use_bias: bool = True,
         v_gain: float = 1.0,
+        generator: torch.Generator | None = None,
+        device: Any = None,
+        dtype: Any = None,
         rope: bool = False,
         rope_base: float = 10000.0,
         rope_interleaved: bool = False,
         alibi: bool = False,
-        generator: torch.Generator | None = None,
-        device: Any = None,
-        dtype: Any = None,
     ) -> None:
         super().__init__()
-        H = check_positive_int(h, "h")
+        H = check_positive_int(num_heads, "num_heads")
         E = check_positive_int(d_model, "d_model")
         Hkv = H if num_kv_heads is None else check_positive_int(num_kv_heads, "num_kv_heads")
         if H % Hkv:
-            raise AttnlabError(f"num_kv_heads: expected a divisor of h = {H}, got {Hkv}")
+            raise AttnlabError(
+                f"num_kv_heads: expected a divisor of num_heads = {H}, got {Hkv}"
+            )
         if head_dim is None:
             if E % H:
                 raise AttnlabError(
-                    f"d_model: expected a multiple of h = {H} (or pass head_dim), got {E}"
+                    f"d_model: expected a multiple of num_heads = {H} (or pass head_dim), "
+                    f"got {E}"
                 )
             head_dim = E // H
         D = check_positive_int(head_dim, "head_dim")
         Dv = D if value_head_dim is None else check_positive_int(value_head_dim, "value_head_dim")
         Ekv = E if d_context is None else check_positive_int(d_context, "d_context")
         E_out = E if d_out is None else check_positive_int(d_out, "d_out")
-        check_flag(bias, "bias")
+        use_bias = check_flag(use_bias, "use_bias")
         self.rope = check_flag(rope, "rope")
         self.rope_interleaved = check_flag(rope_interleaved, "rope_interleaved")
         self.rope_base = check_positive_float(rope_base, "rope_base")
@@ -155,14 +163,15 @@ class MultiHeadAttention(nn.Module):
 
         for shape, what in (((H * D, E), "q_proj"), ((Hkv * D, Ekv), "k_proj"),
                             ((Hkv * Dv, Ekv), "v_proj"), ((E_out, H * Dv), "out_proj")):
-            check_alloc(shape, torch.float64, f"the weight of {what} (out, in)", "h, d_model")
-        self.h, self.num_kv_heads, self.d_k, self.d_v = H, Hkv, D, Dv
+            check_alloc(shape, torch.float64, f"the weight of {what} (out, in)",
+                        "num_heads, d_model")
+        self.num_heads, self.num_kv_heads, self.head_dim, self.value_head_dim = H, Hkv, D, Dv
         self.d_model, self.d_context, self.d_out = E, Ekv, E_out
         factory = {"device": device, "dtype": check_module_dtype(dtype)}
-        self.q_proj = nn.Linear(E, H * D, bias=bias, **factory)
-        self.k_proj = nn.Linear(Ekv, Hkv * D, bias=bias, **factory)
-        self.v_proj = nn.Linear(Ekv, Hkv * Dv, bias=bias, **factory)
-        self.out_proj = nn.Linear(H * Dv, E_out, bias=bias, **factory)
+        self.q_proj = nn.Linear(E, H * D, bias=use_bias, **factory)
+        self.k_proj = nn.Linear(Ekv, Hkv * D, bias=use_bias, **factory)
+        self.v_proj = nn.Linear(Ekv, Hkv * Dv, bias=use_bias, **factory)
+        self.out_proj = nn.Linear(H * Dv, E_out, bias=use_bias, **factory)
         self.reset_parameters(v_gain=float(v_gain), generator=generator)
 
     def reset_parameters(
@@ -175,14 +184,10 @@ class MultiHeadAttention(nn.Module):
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
 
-    @property
-    def num_heads(self) -> int:
-        """H, the core's name for seed 001's ``h``."""
-        return self.h
-
     def extra_repr(self) -> str:
-        parts = [f"h={self.h}", f"d_model={self.d_model}", f"dropout={self.dropout}"]
-        if self.num_kv_heads != self.h:
+        parts = [f"num_heads={self.num_heads}", f"d_model={self.d_model}",
+                 f"dropout={self.dropout}"]
+        if self.num_kv_heads != self.num_heads:
             parts.append(f"num_kv_heads={self.num_kv_heads}")
         if self.rope:
             parts.append(f"rope=True, rope_base={self.rope_base}, "
@@ -201,7 +206,7 @@ class MultiHeadAttention(nn.Module):
         key_padding: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
         is_causal: bool = False,
-        need_weights: bool = False,
+        return_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value`` (pass the same tensor three times for
         self-attention).
@@ -215,18 +220,19 @@ class MultiHeadAttention(nn.Module):
                         key_padding_mask)
             bias        float, broadcastable to (B, H, T, S), added to the scaled scores
             ->          out (B, T, E_out), and per-head weights (B, H, T, S) if
-                        ``need_weights`` (torch.nn.MultiheadAttention averages them over heads)
+                        ``return_weights`` (torch.nn.MultiheadAttention averages them
+                        over heads)
 
         ``is_causal`` is bottom-right aligned (query i may see keys j ≤ S - T + i).
         Rows with nothing to attend to give 0.
         """
-        checked = self._check(query, key, value, mask, key_padding, bias, is_causal)
-        if check_flag(need_weights, "need_weights"):  # the weights are a (B, H, T, S) tensor
-            lead, T, S = checked.query.shape[:-2], checked.query.shape[-2], checked.key.shape[-2]
-            check_score_size((*lead, self.h, T, S))
-        return self._attend(checked, need_weights)
+        inputs = self.check_inputs(query, key, value, mask, key_padding, bias, is_causal)
+        if check_flag(return_weights, "return_weights"):  # weights: a (B, H, T, S) tensor
+            lead, T, S = inputs.query.shape[:-2], inputs.query.shape[-2], inputs.key.shape[-2]
+            check_score_elements((*lead, self.num_heads, T, S), PLAIN_PATH_HINT)
+        return self.forward_checked(inputs, return_weights)
 
-    def _check(
+    def check_inputs(
         self,
         query: Any,
         key: Any,
@@ -236,51 +242,34 @@ class MultiHeadAttention(nn.Module):
         bias: Any,
         is_causal: Any,
         names: tuple[str, str, str] = ("query", "key", "value"),
-    ) -> _Checked:
-        """Every check of :meth:`forward`, before any math; ``names`` are the arguments'."""
+    ) -> MultiHeadInputs:
+        """Every check of :meth:`forward`, before any math; ``names`` are the arguments'.
+
+        Shapes, dtypes and devices always; values only under
+        :func:`attnlab.torch.debug_checks`. :meth:`forward_checked` computes on the result.
+        """
         like = self.q_proj.weight
         q_name, k_name, v_name = names
         q_in = module_input(query, q_name, like)
         k_in = module_input(key, k_name, like)
         v_in = module_input(value, v_name, like)
-        E, Ekv = self.d_model, self.d_context
-        if q_in.ndim not in (2, 3) or q_in.shape[-1] != E:
-            raise ShapeError(
-                f"{q_name}: expected (B, T, {E}) or (T, {E}) with E = d_model, "
-                f"got {shape_str(q_in.shape)}"
-            )
-        lead = tuple(q_in.shape[:-2])
-        lead_str = f"{lead[0]}, " if lead else ""
-        for name, t in ((k_name, k_in), (v_name, v_in)):
-            if t.ndim != q_in.ndim or tuple(t.shape[:-2]) != lead or t.shape[-1] != Ekv:
-                raise ShapeError(
-                    f"{name}: expected ({lead_str}S, {Ekv}) to match query's batch and "
-                    f"d_context = {Ekv}, got {shape_str(t.shape)}"
-                )
-        if v_in.shape[-2] != k_in.shape[-2]:
-            raise ShapeError(
-                f"{v_name}: expected ({lead_str}{k_in.shape[-2]}, {Ekv}) to match key's length, "
-                f"got {shape_str(v_in.shape)}"
-            )
-        T, S = q_in.shape[-2], k_in.shape[-2]
-        score_shape = (*lead, self.h, T, S)
+        lead, T, S = check_module_inputs(q_in.shape, k_in.shape, v_in.shape, self.d_model,
+                                         self.d_context, names)
+        score_shape = (*lead, self.num_heads, T, S)
         score_layout = "(B, H, T, S)" if lead else "(H, T, S)"
-        check_flag(is_causal, "is_causal")
+        is_causal = check_flag(is_causal, "is_causal")
         allowed: torch.Tensor | None = None
         if mask is not None:
             allowed = as_bool_tensor(mask, "mask")
             check_broadcastable(allowed.shape, score_shape, "mask", score_layout)
             check_same_device(like, "the module", allowed, "mask")
         if key_padding is not None:
-            expected = (*lead, S)
-            if (not isinstance(key_padding, torch.Tensor) or key_padding.dtype != torch.bool
-                    or tuple(key_padding.shape) != expected):
-                got = (f"{key_padding.dtype} {shape_str(key_padding.shape)}"
-                       if isinstance(key_padding, torch.Tensor) else type(key_padding).__name__)
-                raise ShapeError(
-                    f"key_padding: expected bool {shape_str(expected)} (True = real token), "
-                    f"got {got}"
-                )
+            is_tensor = isinstance(key_padding, torch.Tensor)
+            check_key_padding_shape(
+                key_padding.shape if is_tensor else None,
+                str(key_padding.dtype) if is_tensor else type(key_padding).__name__,
+                is_tensor and key_padding.dtype == torch.bool, (*lead, S),
+            )
             check_same_device(like, "the module", key_padding, "key_padding")
             padding = key_padding[..., None, None, :]  # (B, 1, 1, S)
             allowed = padding if allowed is None else (allowed & padding)  # (B, H, T, S)
@@ -293,23 +282,27 @@ class MultiHeadAttention(nn.Module):
                 )
             check_broadcastable(bias.shape, score_shape, "bias", score_layout)
             check_same_device(like, "the module", bias, "bias")
-            check_bias_values(bias)
             bias_t = bias.to(like.dtype)
         if self.rope and T > S:
             raise AttnlabError(
                 f"{q_name}: RoPE places queries at positions S - T .. S - 1, expected T <= S, "
                 f"got T = {T}, S = {S}"
             )
-        inputs = [(q_name, q_in)]
-        inputs += [(n, t) for n, t in ((k_name, k_in), (v_name, v_in)) if t is not q_in]
-        check_finite(inputs)
-        return _Checked(q_in, k_in, v_in, allowed, bias_t, is_causal)
+        if debug.debug_checks_enabled():
+            if bias is not None:
+                debug.check_bias_values(bias)
+            named = [(q_name, q_in)]
+            named += [(n, t) for n, t in ((k_name, k_in), (v_name, v_in)) if t is not q_in]
+            debug.check_finite(named)
+        return MultiHeadInputs(q_in, k_in, v_in, allowed, bias_t, is_causal)
 
-    def _attend(
-        self, c: _Checked, need_weights: bool
+    def forward_checked(
+        self, c: MultiHeadInputs, return_weights: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The math of :meth:`forward` on checked inputs."""
-        H, Hkv, D, Dv = self.h, self.num_kv_heads, self.d_k, self.d_v
+        """The math of :meth:`forward` on inputs from :meth:`check_inputs` (no checks;
+        under :func:`attnlab.torch.debug_checks`, the projected scores' overflow bound)."""
+        H, Hkv = self.num_heads, self.num_kv_heads
+        D, Dv = self.head_dim, self.value_head_dim
         lead = tuple(c.query.shape[:-2])
         T, S = c.query.shape[-2], c.key.shape[-2]
         q = self.q_proj(c.query).view(*lead, T, H, D).transpose(-3, -2)  # (B, H, T, D)
@@ -326,13 +319,16 @@ class MultiHeadAttention(nn.Module):
             v = v.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S, Dv)
         bias = c.bias
         if self.alibi:
-            slopes_bias = alibi_bias(H, T, S, dtype=q.dtype, device=q.device)  # (H, T, S)
+            slopes_bias = alibi_values(H, T, S, dtype=q.dtype, device=q.device)  # (H, T, S)
             bias = slopes_bias if bias is None else bias + slopes_bias  # (B, H, T, S)
+        scale = 1.0 / math.sqrt(D)
+        if debug.debug_checks_enabled():
+            debug.check_tensor_score_range(q, k, bias, scale)
         result = attend(
-            q, k, v, c.allowed, bias, 1.0 / math.sqrt(D),
+            q, k, v, c.allowed, bias, scale,
             is_causal=c.is_causal,
             dropout_p=self.dropout if self.training else 0.0,
-            return_weights=need_weights,
+            return_weights=return_weights,
         )  # (B, H, T, Dv) [, (B, H, T, S)]
         heads, weights = result if isinstance(result, tuple) else (result, None)
         merged = heads.transpose(-3, -2).reshape(*lead, T, H * Dv)  # (B, T, H*Dv)
@@ -360,7 +356,7 @@ class MultiHeadAttention(nn.Module):
         params = mha.parameters()
         dtype = dtype or torch_dtype(*params.values())
         module = cls(
-            mha.num_heads, mha.Wq.shape[0], dropout,
+            mha.num_heads, mha.Wq.shape[0], dropout=dropout,
             num_kv_heads=mha.num_kv_heads, head_dim=mha.head_dim,
             value_head_dim=mha.value_head_dim, d_context=mha.Wk.shape[0],
             d_out=mha.Wo.shape[1], device=device, dtype=dtype,
@@ -388,14 +384,14 @@ class MultiHeadAttention(nn.Module):
         """
         from ..positional import RotaryEmbedding
 
-        rope = (RotaryEmbedding(self.d_k, base=self.rope_base, interleaved=self.rope_interleaved)
-                if self.rope else None)
+        rope = (RotaryEmbedding(self.head_dim, base=self.rope_base,
+                                interleaved=self.rope_interleaved) if self.rope else None)
         return np_multihead.MultiHeadAttention(
             Wq=to_array(self.q_proj.weight, transpose=True),
             Wk=to_array(self.k_proj.weight, transpose=True),
             Wv=to_array(self.v_proj.weight, transpose=True),
             Wo=to_array(self.out_proj.weight, transpose=True),
-            num_heads=self.h,
+            num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             bq=to_optional_array(self.q_proj.bias),
             bk=to_optional_array(self.k_proj.bias),

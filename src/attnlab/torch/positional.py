@@ -7,6 +7,9 @@ float64 and rounded once to the requested dtype.
 Dimension legend: H heads, T query length, S key length, D head dim, E model width.
 Positions are absolute token indices starting at 0; with a KV cache the T new
 queries sit at S - T .. S - 1 (the library's bottom-right alignment).
+
+Checks: shapes, dtypes and devices always; NaN/Inf in the inputs and negative
+positions in a tensor only under :func:`attnlab.torch.debug_checks`.
 """
 
 from __future__ import annotations
@@ -17,18 +20,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import AttnlabError, ShapeError, check_alloc, check_positive_int, shape_str
-from ..positional import SinusoidalPositionalEncoding
-from .checks import (
-    as_float_tensor,
-    check_finite,
+from ..errors import (
+    AttnlabError,
+    ShapeError,
+    check_alloc,
     check_flag,
-    check_has_data,
-    check_positive_float,
-    check_probability,
-    check_same_device,
-    compute_dtype,
+    check_positive_int,
+    shape_str,
 )
+from ..positional import SinusoidalPositionalEncoding
+from . import debug
+from .checks import as_float_tensor, check_positive_float, check_probability, check_same_device
+from .kernel import compute_dtype
 
 __all__ = [
     "sinusoidal_encoding",
@@ -37,6 +40,8 @@ __all__ = [
     "apply_rope",
     "alibi_slopes",
     "alibi_bias",
+    "alibi_values",
+    "rotate",
 ]
 
 
@@ -90,7 +95,8 @@ class PositionalEncoding(nn.Module):
     the input's dtype, so ``.double()`` inputs get the exact table.
 
     Shapes: x (..., T, E) -> (..., T, E). ``offset``: the absolute position of
-    ``x[..., 0, :]`` (decoding with a KV cache).
+    ``x[..., 0, :]`` (decoding with a KV cache). ``dropout`` (keyword) is applied
+    after the addition, in training mode.
 
     >>> enc = PositionalEncoding(8, max_len=16)
     >>> enc(torch.zeros(2, 5, 8)).shape
@@ -103,9 +109,9 @@ class PositionalEncoding(nn.Module):
         self,
         d_model: int,
         max_len: int = 5000,
-        dropout: float = 0.0,
         *,
         base: float = 10000.0,
+        dropout: float = 0.0,
         device: Any = None,
         dtype: torch.dtype = torch.float64,
     ) -> None:
@@ -139,7 +145,8 @@ class PositionalEncoding(nn.Module):
                 f"x: positions {offset}..{offset + T - 1} (offset={offset}, T={T}) "
                 f"do not fit in max_len={self.max_len}; expected offset + T <= {self.max_len}"
             )
-        check_finite([("x", x)])
+        if debug.debug_checks_enabled():
+            debug.check_finite([("x", x)])
         work = compute_dtype(x.dtype)
         rows = self.pe[0, offset : offset + T].to(work)  # (T, E)
         return self.dropout((x.to(work) + rows).to(x.dtype))  # (..., T, E)
@@ -154,7 +161,7 @@ class PositionalEncoding(nn.Module):
                 "encoding: expected an attnlab.positional.SinusoidalPositionalEncoding, "
                 f"got {type(encoding).__name__}"
             )
-        return cls(encoding.d_model, encoding.max_len, dropout, base=encoding.base,
+        return cls(encoding.d_model, encoding.max_len, base=encoding.base, dropout=dropout,
                    device=device)
 
     def to_numpy(self) -> SinusoidalPositionalEncoding:
@@ -194,9 +201,10 @@ def _as_positions(positions: Any, length: int | None, device: Any) -> torch.Tens
     expected = "(T,)" if length is None else f"(T,) = ({length},)"
     if pos.ndim != 1 or (length is not None and pos.shape[0] != length):
         raise ShapeError(f"positions: expected shape {expected}, got {shape_str(pos.shape)}")
-    check_has_data([("positions", pos)])
-    if pos.numel() and int(pos.min()) < 0:
-        raise AttnlabError(f"positions: expected positions >= 0, got min {int(pos.min())}")
+    if debug.debug_checks_enabled() and pos.numel():
+        debug.check_has_data([("positions", pos)])
+        if int(pos.min()) < 0:
+            raise AttnlabError(f"positions: expected positions >= 0, got min {int(pos.min())}")
     return pos.to(device=device, dtype=torch.int64)
 
 
@@ -270,7 +278,8 @@ def apply_rope(
         )
     base = check_positive_float(base, "base")
     pos = _as_positions(positions, length, arr.device)  # (T,)
-    check_finite([("x", arr)])
+    if debug.debug_checks_enabled():
+        debug.check_finite([("x", arr)])
     return rotate(arr, pos, base=base, interleaved=check_flag(interleaved, "interleaved"))
 
 
@@ -301,6 +310,10 @@ def alibi_slopes(num_heads: int, *, device: Any = None) -> torch.Tensor:  # -> (
     """
     num_heads = check_positive_int(num_heads, "num_heads")
     check_alloc((num_heads,), torch.float64, "the slopes (H,)", "num_heads")
+    return _slopes(num_heads, device)
+
+
+def _slopes(num_heads: int, device: Any) -> torch.Tensor:  # -> (H,) float64
     f64 = {"dtype": torch.float64, "device": device}
     closest = 1 << (num_heads.bit_length() - 1)  # largest power of two <= H
     slopes = (2.0 ** (-8.0 / closest)) ** torch.arange(1, closest + 1, **f64)  # (closest,)
@@ -327,14 +340,23 @@ def alibi_bias(
     >>> alibi_bias(8, 2, 5).shape
     torch.Size([8, 2, 5])
     """
-    slopes = alibi_slopes(num_heads, device=device)  # (H,)
+    H = check_positive_int(num_heads, "num_heads")
+    check_alloc((H,), torch.float64, "the slopes (H,)", "num_heads")
     T = check_positive_int(T, "T", allow_zero=True)
     sizes = "num_heads, T" if S is None else "num_heads, T, S"  # to blame for a huge bias
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     out_dtype = _float_dtype(dtype)
-    check_alloc((len(slopes), T, S), torch.float64, "the bias (H, T, S)", sizes)
+    check_alloc((H, T, S), torch.float64, "the bias (H, T, S)", sizes)
+    return alibi_values(H, T, S, dtype=out_dtype, device=device)
+
+
+def alibi_values(
+    H: int, T: int, S: int, *, dtype: torch.dtype, device: Any
+) -> torch.Tensor:  # -> (H, T, S)
+    """:func:`alibi_bias` on checked sizes (for the modules, which checked theirs)."""
+    slopes = _slopes(H, device)  # (H,)
     query_positions = (S - T) + torch.arange(T, device=device)  # (T,)
     key_positions = torch.arange(S, device=device)  # (S,)
     distance = (query_positions[:, None] - key_positions[None, :]).abs()  # (T, S)
     bias = slopes[:, None, None] * -distance[None, :, :].to(torch.float64)  # (H, T, S)
-    return bias.to(out_dtype)
+    return bias.to(dtype)

@@ -1,0 +1,276 @@
+"""The attention formula in torch, once: every attnlab.torch path computes through :func:`attend`.
+
+    attend(q, k, v, allowed, bias, scale):
+        scaled  = q @ kᵀ · scale + bias          (..., T, S)
+        weights = softmax(scaled where allowed)  rows with nothing allowed -> 0
+        out     = weights @ v                    (..., T, Dv)
+
+It is the torch twin of :func:`attnlab.kernel.attend`. The public functions
+(:func:`attnlab.torch.scaled_dot_product_attention`, ``MultiHeadAttention``,
+``SelfAttentionLayer``, the KV caches) validate their inputs once at their own
+boundary (:func:`check_inputs` for q, k, v, mask and bias) and call
+:func:`attend` on checked tensors; nothing below checks again.
+
+Two paths, one answer. Without weights the call goes to PyTorch's fused
+``torch.nn.functional.scaled_dot_product_attention`` (flash or memory-efficient
+kernels, no (T, S) matrix in memory); with them, or for empty inputs, the
+plain path runs, op for op the NumPy core's. The fused path is given exactly
+what makes it equal the plain one:
+
+- ``is_causal`` here is aligned bottom-right (query i sits at S - T + i); torch's
+  is top-left. torch's flag is used only when T == S, where the two agree;
+  otherwise the causal mask is built and passed explicitly.
+- rows with nothing to attend to are set to 0 after the fused call, so the
+  result does not depend on what a given kernel does with them.
+
+Dimension legend: B batch, H heads, T query length, S key length, D head dim,
+Dv value dim. ``...`` is any number of leading batch dims, which broadcast.
+Mask convention: ``allowed`` is bool, **True = may attend**; additive values
+go through ``bias``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import check_broadcastable, check_flag, check_scale
+from ..shapes import AttentionShapes, check_attention_shapes, check_score_elements
+from .checks import as_bool_tensor, as_float_tensor, check_same_device
+
+__all__ = [
+    "AttentionInputs",
+    "check_inputs",
+    "attend",
+    "stable_softmax",
+    "causal_allowed",
+    "window_allowed",
+    "compute_dtype",
+    "PLAIN_PATH_HINT",
+]
+
+#: What to do when the plain path's score matrix would be too large.
+PLAIN_PATH_HINT = "ask for no weights to use the fused kernel"
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+class AttentionInputs(NamedTuple):
+    """Checked attention inputs: tensors of one float dtype on one device, and the options.
+
+    (A named tuple rather than a frozen dataclass: it is built at every call, and
+    costs a quarter as much.)
+    """
+
+    q: torch.Tensor  # (..., T, D)
+    k: torch.Tensor  # (..., S, D)
+    v: torch.Tensor  # (..., S, Dv)
+    allowed: torch.Tensor | None  # bool, broadcastable to (..., T, S), without the causal rule
+    bias: torch.Tensor | None  # q's dtype, broadcastable to (..., T, S); -inf allowed
+    scale: float
+    is_causal: bool
+    shapes: AttentionShapes
+
+
+def check_inputs(
+    q: Any, k: Any, v: Any, mask: Any = None, *, bias: Any = None, is_causal: Any = False,
+    scale: Any = None, return_weights: bool = False,
+) -> AttentionInputs:
+    """Validate q, k, v, mask, bias and the options from their metadata, before any math.
+
+    The same rules and messages as :func:`attnlab.kernel.check_inputs`, except
+    for values: NaN, Inf and score overflow are checked only under
+    :func:`attnlab.torch.debug_checks` (reading values waits for the device).
+    Inputs are promoted to one float dtype (integers to float64).
+    """
+    q_t = as_float_tensor(q, "q")
+    k_t = as_float_tensor(k, "k")
+    v_t = as_float_tensor(v, "v")
+    shapes = check_attention_shapes(q_t.shape, k_t.shape, v_t.shape)
+    check_same_device(q_t, "q", k_t, "k")
+    check_same_device(q_t, "q", v_t, "v")
+    score_shape = (*shapes.batch, shapes.T, shapes.S)
+    if return_weights or not (q_t.numel() and k_t.numel() and v_t.numel()):
+        check_score_elements(score_shape, PLAIN_PATH_HINT)  # the plain path builds it
+    scale_value = check_scale(scale, shapes.D)
+    is_causal = check_flag(is_causal, "is_causal")
+
+    allowed: torch.Tensor | None = None
+    if mask is not None:
+        allowed = as_bool_tensor(mask, "mask")
+        check_broadcastable(allowed.shape, score_shape, "mask", "(..., T, S)")
+        check_same_device(q_t, "q", allowed, "mask")
+    bias_t: torch.Tensor | None = None
+    if bias is not None:
+        bias_t = as_float_tensor(bias, "bias")
+        check_broadcastable(bias_t.shape, score_shape, "bias", "(..., T, S)")
+        check_same_device(q_t, "q", bias_t, "bias")
+
+    dtype = q_t.dtype
+    if not dtype == k_t.dtype == v_t.dtype:
+        dtype = torch.promote_types(torch.promote_types(dtype, k_t.dtype), v_t.dtype)
+        q_t, k_t, v_t = (t.to(dtype) for t in (q_t, k_t, v_t))
+    if bias_t is not None and bias_t.dtype != dtype:
+        bias_t = bias_t.to(dtype)
+    return AttentionInputs(q_t, k_t, v_t, allowed, bias_t, scale_value, is_causal, shapes)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float16 and bfloat16 are computed in float32 on the plain path (as the NumPy core does)."""
+    return torch.float32 if dtype in _HALF else dtype
+
+
+def causal_allowed(T: int, S: int, device: Any = None) -> torch.Tensor:  # -> (T, S)
+    """The bottom-right causal rule, True = may attend: query i, at S - T + i, sees
+    keys j <= S - T + i."""
+    query_pos = torch.arange(T, device=device)[:, None] + (S - T)  # (T, 1) absolute positions
+    key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
+    return key_pos <= query_pos  # (T, S)
+
+
+def window_allowed(
+    query_pos: torch.Tensor, key_pos: torch.Tensor, window: int, is_causal: bool,
+    global_pos: Sequence[int] = (),
+) -> torch.Tensor:  # (T,), (S,) -> (T, S)
+    """The sliding-window rule on positions, as :func:`attnlab.fast.sparse.sliding_window_mask`.
+
+    ``is_causal``: the W most recent keys, itself included (p - W < j <= p); else
+    the query and (W - 1) / 2 keys on each side. ``global_pos``: keys every query
+    sees and queries that see every key (still cut at j <= p when causal).
+    """
+    offset = key_pos[None, :] - query_pos[:, None]  # (T, S): key position - query position
+    if is_causal:
+        allowed = (offset <= 0) & (offset > -window)  # (T, S)
+    else:
+        allowed = offset.abs() <= (window - 1) // 2  # (T, S)
+    if global_pos:
+        chosen = torch.tensor(global_pos, dtype=key_pos.dtype, device=key_pos.device)  # (G,)
+        allowed = allowed | torch.isin(key_pos, chosen)[None, :]  # everyone sees them
+        allowed = allowed | torch.isin(query_pos, chosen)[:, None]  # they see everyone
+        if is_causal:
+            allowed = allowed & (offset <= 0)
+    return allowed  # (T, S)
+
+
+def stable_softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:  # (...) -> (...)
+    """The NumPy core's softmax, op for op, without validation: -inf = excluded, an all
+    -inf slice gives zeros (where ``torch.softmax`` gives NaN)."""
+    if scores.shape[dim] == 0:  # S = 0: nothing to normalise
+        return torch.zeros_like(scores)
+    # The shift changes nothing mathematically, so it carries no gradient.
+    row_max = scores.detach().amax(dim=dim, keepdim=True)
+    row_max = torch.where(torch.isneginf(row_max), 0.0, row_max)  # all-masked row
+    exps = torch.exp(scores - row_max)
+    sums = exps.sum(dim=dim, keepdim=True)
+    # Rows with nothing to attend to have sum 0: divide by 1 instead, leaving zeros.
+    return exps / torch.where(sums == 0.0, 1.0, sums)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    scale: float,
+    *,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q kᵀ · scale + bias, where allowed) v on checked tensors of one dtype and device.
+
+    Shapes: q (..., T, D), k (..., S, D), v (..., S, Dv); ``allowed`` bool and
+    ``bias`` float (of q's dtype), broadcastable to (..., T, S) -> out (..., T, Dv),
+    and weights (..., T, S) if ``return_weights``. ``allowed`` does not include
+    the causal rule; ``is_causal`` adds it (bottom-right). ``dropout_p`` > 0 drops
+    weights (callers pass 0 in eval mode).
+    """
+    T, S = q.shape[-2], k.shape[-2]
+    # torch's own is_causal masks with -inf *before* scaling: a scale <= 0 (or one that
+    # rounds to 0 in q's dtype) turns the mask into NaN (-inf·0) or +inf. Build it instead.
+    if is_causal and not (T == S and allowed is None and bias is None
+                          and scale >= torch.finfo(q.dtype).tiny):
+        causal = causal_allowed(T, S, q.device)  # (T, S)
+        allowed = causal if allowed is None else (allowed & causal)  # (..., T, S)
+        is_causal = False
+    if return_weights or not (q.numel() and k.numel() and v.numel()):
+        # The fused kernel has no rule for empty inputs (S = 0 above all).
+        return _plain(q, k, v, allowed, bias, scale, is_causal, dropout_p, return_weights)
+    return _fused(q, k, v, allowed, bias, scale, is_causal, dropout_p)
+
+
+def _fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    scale: float,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:  # -> (..., T, Dv)
+    """torch's fused kernel, given exactly what makes it equal :func:`_plain`."""
+    q_lead, k_lead, v_lead = q.shape[:-2], k.shape[:-2], v.shape[:-2]
+    if not q_lead == k_lead == v_lead:  # the fused kernel does not broadcast batch dims
+        batch = torch.broadcast_shapes(q_lead, k_lead, v_lead)
+        q = q.expand(*batch, *q.shape[-2:])  # (..., T, D), a view
+        k = k.expand(*batch, *k.shape[-2:])  # (..., S, D)
+        v = v.expand(*batch, *v.shape[-2:])  # (..., S, Dv)
+    attn_mask: torch.Tensor | None
+    if bias is None:
+        attn_mask = allowed  # bool: torch's convention is also True = take part
+    elif allowed is None:
+        attn_mask = bias
+    else:
+        attn_mask = bias.masked_fill(~allowed, float("-inf"))  # (..., T, S)
+    if attn_mask is not None and attn_mask.ndim < 2:
+        # A (S,) or () mask broadcasts to (..., T, S) like any other, but the fused
+        # kernel reads its dim -2: give it one.
+        attn_mask = attn_mask.reshape((1,) * (2 - attn_mask.ndim) + tuple(attn_mask.shape))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+    )  # (..., T, Dv)
+    if attn_mask is not None:
+        # Rows with nothing to attend to: 0, whatever the kernel made of them.
+        if attn_mask.dtype == torch.bool:
+            has_key = attn_mask.any(dim=-1, keepdim=True)  # (..., T, 1)
+        else:
+            has_key = (attn_mask != float("-inf")).any(dim=-1, keepdim=True)  # (..., T, 1)
+        out = out.masked_fill(~has_key, 0.0)  # (..., T, Dv); no host sync to ask first
+    return out
+
+
+def _plain(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    scale: float,
+    is_causal: bool,
+    dropout_p: float,
+    return_weights: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The plain computation, op for op the NumPy core's (float16/bfloat16 in float32)."""
+    out_dtype = q.dtype
+    work = compute_dtype(out_dtype)
+    q, k, v = q.to(work), k.to(work), v.to(work)
+    T, S = q.shape[-2], k.shape[-2]
+    if is_causal:  # only reached with T == S and no mask (see attend)
+        allowed = causal_allowed(T, S, q.device)  # (T, S)
+    scores = q @ k.transpose(-1, -2)  # (..., T, S)
+    scaled = scores * scale  # (..., T, S)
+    if bias is not None:
+        scaled = scaled + bias.to(work)  # (..., T, S)
+    if allowed is not None:
+        scaled = scaled.masked_fill(~allowed, float("-inf"))  # (..., T, S)
+    weights = stable_softmax(scaled, dim=-1)  # (..., T, S)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p, training=True)  # (..., T, S)
+    out = weights @ v  # (..., T, Dv)
+    out, weights = out.to(out_dtype), weights.to(out_dtype)
+    return (out, weights) if return_weights else out
