@@ -15,7 +15,8 @@ import pytest
 from attnlab.cli.app import main
 from attnlab.errors import AttnlabError
 from attnlab.nn.decoder import DecoderConfig
-from attnlab.studies.bench import CONTENDERS, BenchConfig, attention_flops, run_benchmarks
+from attnlab.studies.bench import attention_flops, run_benchmarks
+from attnlab.studies.bench_config import CONTENDERS, BenchConfig
 from attnlab.studies.bench_report import format_table
 from attnlab.studies.bench_results import SCHEMA
 from attnlab.studies.measure import (

@@ -82,7 +82,7 @@ def _name_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, .
 
 def build_config(args: argparse.Namespace) -> Any:
     """The BenchConfig the options describe (quick or full defaults, then overrides)."""
-    from ..studies.bench import CONTENDERS, SECTIONS, BenchConfig
+    from ..studies.bench_config import CONTENDERS, SECTIONS, BenchConfig
 
     overrides: dict[str, Any] = {}
     for option in ("threads", "repeats", "min_time", "seed", "batch", "heads", "head_dim",

@@ -16,7 +16,7 @@ import numpy as np
 from .measure import Timing
 
 if TYPE_CHECKING:
-    from .bench import BenchConfig
+    from .bench_config import BenchConfig
 
 __all__ = ["SCHEMA", "AttentionRecord", "BenchResult", "DecodeRecord", "GenerateRecord"]
 
