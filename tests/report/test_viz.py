@@ -162,13 +162,13 @@ def test_fonts_missing_from_matplotlibs_cache_are_found(monkeypatch: pytest.Monk
     latin_only = [e for e in manager.ttflist if "DejaVu" in e.name]
     monkeypatch.setattr(manager, "ttflist", list(latin_only))
     monkeypatch.delenv(CJK_FONT_ENV, raising=False)
-    fonts._find_cjk_font_cached.cache_clear()
+    fonts.clear_font_cache()
     try:
         family = find_cjk_font()
         assert family is not None
         assert len(manager.ttflist) > len(latin_only)  # registered so the name resolves
     finally:
-        fonts._find_cjk_font_cached.cache_clear()
+        fonts.clear_font_cache()
 
 
 # ------------------------------------------------------------ plot_attention

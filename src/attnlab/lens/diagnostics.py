@@ -85,13 +85,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_bool_mask,
-    as_float_array,
-    check_broadcastable,
-    shape_str,
+from ..errors import AttnlabError
+from .weight_checks import (
+    WEIGHT_TOL,
+    check_labels,
+    check_mask,
+    check_padding,
+    check_rows,
+    check_specials,
+    check_weights,
 )
 
 if TYPE_CHECKING:
@@ -107,7 +109,6 @@ __all__ = [
     "NEAR_DUPLICATE_JS",
     "WEIGHT_TOL",
     "SPECIAL_TOKENS",
-    "check_weights",
     "HeadDiagnostics",
     "LayerDiagnostics",
     "Diagnostics",
@@ -130,9 +131,6 @@ POSITIONAL_HEAD_SCORE = 0.5
 """A previous-token / next-token / self head scores above this."""
 NEAR_DUPLICATE_JS = 0.1
 """Two heads of a layer are near-duplicates below this Jensen–Shannon distance."""
-WEIGHT_TOL = 1e-3
-"""Tolerance on row sums and on weight outside the mask: float16 weights (relative
-error 2**-11 per entry) sum to 1 within 5e-4, whatever S is."""
 SPECIAL_TOKENS = ("[CLS]", "[SEP]")
 """Tokens whose keys count as attention sinks when ``special_indices`` is not given."""
 
@@ -277,19 +275,19 @@ def diagnose(
     """
     w = check_weights(weights)  # (L, H, T, S)
     L, H, T, S = w.shape
-    tokens_list = _check_tokens(tokens, "tokens", T, "T")
-    keys_list = _check_tokens(key_tokens, "key_tokens", S, "S")
+    tokens_list = check_labels(tokens, "tokens", T, "T")
+    keys_list = check_labels(key_tokens, "key_tokens", S, "S")
     if keys_list is None and tokens_list is not None and S == T:
         keys_list = tokens_list
-    key_valid, query_valid = _check_padding(key_padding, query_padding, valid_length, T, S)
-    allowed = np.ones((T, S), dtype=bool) if mask is None else _check_mask(mask, T, S)
+    key_valid, query_valid = check_padding(key_padding, query_padding, valid_length, T, S)
+    allowed = np.ones((T, S), dtype=bool) if mask is None else check_mask(mask, T, S)
     allowed = allowed & key_valid[None, :]  # (T, S)
-    specials = _check_specials(special_indices, keys_list, S)
+    specials = check_specials(special_indices, keys_list, S, SPECIAL_TOKENS)
 
     n_allowed = allowed.sum(axis=1)  # (T,)
     row_sums = w.sum(axis=-1)  # (L, H, T)
     candidate = query_valid & (n_allowed >= 1)  # (T,): real rows that can attend somewhere
-    _check_rows(w, row_sums, candidate, allowed)
+    check_rows(w, row_sums, candidate, allowed)
     counted = candidate & (row_sums > WEIGHT_TOL)  # (L, H, T): not a fully masked zero row
     probs = np.where(allowed, np.clip(w, 0.0, None), 0.0)  # (L, H, T, S)
 
@@ -353,123 +351,6 @@ def diagnose_trace(trace: Trace, **options: Any) -> Diagnostics:
 
 
 # ---------------------------------------------------------------------- internals
-
-
-def check_weights(weights: Any) -> np.ndarray:
-    """Attention weights as a float (L, H, T, S) array ((H, T, S) gets L = 1), values in
-    [0, 1] within :data:`WEIGHT_TOL`; raises naming ``weights`` otherwise."""
-    w = as_float_array(weights, "weights")
-    if w.ndim == 3:
-        w = w[None]  # (1, H, T, S)
-    if w.ndim != 4:
-        raise ShapeError(
-            f"weights: expected (L, H, T, S) or (H, T, S), got {shape_str(w.shape)}"
-        )
-    if 0 in w.shape:
-        raise ShapeError(
-            f"weights: expected L, H, T and S all >= 1, got (L, H, T, S) = {shape_str(w.shape)}"
-        )
-    low, high = float(w.min()), float(w.max())
-    if low < -WEIGHT_TOL or high > 1 + WEIGHT_TOL:
-        raise AttnlabError(
-            f"weights: expected attention weights in [0, 1], got min {low:.4g} and max "
-            f"{high:.4g} (raw scores? apply softmax first)"
-        )
-    return w
-
-
-def _check_tokens(tokens: Any, name: str, size: int, dim: str) -> list[str] | None:
-    if tokens is None:
-        return None
-    if isinstance(tokens, (str, bytes)):
-        raise AttnlabError(f"{name}: expected a list of {size} strings ({dim}), got one string")
-    items = [str(t) for t in tokens]
-    if len(items) != size:
-        raise AttnlabError(f"{name}: expected {size} labels ({dim} = {size}), got {len(items)}")
-    return items
-
-
-def _bool_vector(value: Any, name: str, size: int, dim: str) -> np.ndarray:
-    arr = as_bool_mask(value, name)
-    if arr.shape != (size,):
-        raise ShapeError(
-            f"{name}: expected bool ({dim},) = ({size},) (True = real token), "
-            f"got {shape_str(arr.shape)}"
-        )
-    return arr
-
-
-def _check_padding(
-    key_padding: Any, query_padding: Any, valid_length: Any, T: int, S: int
-) -> tuple[np.ndarray, np.ndarray]:
-    if valid_length is not None:
-        if key_padding is not None or query_padding is not None:
-            raise AttnlabError(
-                "valid_length: expected either valid_length or key_padding/query_padding, "
-                "got both"
-            )
-        if isinstance(valid_length, bool) or not isinstance(valid_length, (int, np.integer)) \
-                or not 1 <= valid_length <= S:
-            raise AttnlabError(f"valid_length: expected an int in [1, S = {S}], got "
-                               f"{valid_length!r}")
-        key_valid = np.arange(S) < valid_length  # (S,)
-        query_valid = np.arange(T) < valid_length if T == S else np.ones(T, dtype=bool)
-        return key_valid, query_valid
-    key_valid = np.ones(S, dtype=bool) if key_padding is None else _bool_vector(
-        key_padding, "key_padding", S, "S")
-    if query_padding is not None:
-        query_valid = _bool_vector(query_padding, "query_padding", T, "T")
-    elif key_padding is not None and T == S:
-        query_valid = key_valid
-    else:
-        query_valid = np.ones(T, dtype=bool)
-    return key_valid, query_valid
-
-
-def _check_mask(mask: Any, T: int, S: int) -> np.ndarray:
-    arr = as_bool_mask(mask, "mask")
-    check_broadcastable(arr.shape, (T, S), "mask", "(T, S)")
-    return np.broadcast_to(arr, (T, S))
-
-
-def _check_specials(indices: Any, keys: list[str] | None, S: int) -> list[int]:
-    if indices is None:
-        if keys is None:
-            return []
-        return [j for j, token in enumerate(keys) if token in SPECIAL_TOKENS]
-    if isinstance(indices, (str, bytes)):
-        raise AttnlabError(f"special_indices: expected a list of key indices, got {indices!r}")
-    found = []
-    for index in indices:
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) \
-                or not 0 <= index < S:
-            raise AttnlabError(
-                f"special_indices: expected key indices in [0, S = {S}), got {index!r}"
-            )
-        found.append(int(index))
-    return sorted(set(found))
-
-
-def _check_rows(
-    w: np.ndarray, row_sums: np.ndarray, candidate: np.ndarray, allowed: np.ndarray
-) -> None:
-    """Real rows must sum to 1 (or 0) and put ~0 weight where they may not attend."""
-    outside = np.where(candidate[:, None] & ~allowed, w, 0.0).sum(axis=-1)  # (L, H, T)
-    if outside.max() > WEIGHT_TOL:
-        where = tuple(int(i) for i in np.unravel_index(outside.argmax(), outside.shape))
-        raise AttnlabError(
-            f"weights: expected ~0 weight on keys that mask/key_padding exclude, got "
-            f"{outside.max():.4g} in total at (layer, head, query) = {where}; the mask "
-            "given here is not the one the weights were computed with"
-        )
-    bad = candidate & (np.abs(row_sums - 1.0) > WEIGHT_TOL) & (row_sums > WEIGHT_TOL)
-    if bad.any():
-        where = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise AttnlabError(
-            f"weights: expected rows that sum to 1 (or 0 for a fully masked row), got "
-            f"{int(bad.sum())} that do not (first: (layer, head, query) = {where}, sum "
-            f"{float(row_sums[where]):.6g})"
-        )
 
 
 def _masked_mean(values: np.ndarray, include: np.ndarray) -> np.ndarray:

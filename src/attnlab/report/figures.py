@@ -1,4 +1,4 @@
-"""matplotlib figures without pyplot: one factory, and saving to PNG or SVG.
+"""matplotlib figures without pyplot: one factory, colour scales, and saving to PNG or SVG.
 
 Every figure attnlab draws (heatmaps, benchmark and study plots) comes from
 :func:`new_figure`: a :class:`matplotlib.figure.Figure` on an Agg canvas, so nothing
@@ -13,7 +13,7 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,11 +21,13 @@ from ..errors import AttnlabError, make_folder
 from .fonts import font_context, require_matplotlib
 
 if TYPE_CHECKING:
+    from matplotlib.colors import Colormap
     from matplotlib.figure import Figure
 
-__all__ = ["new_figure", "save_figure"]
+__all__ = ["check_cmap", "colour_limits", "new_figure", "save_figure"]
 
 _SUFFIXES = (".png", ".svg")
+_LIMIT_TOL = 1e-6  # softmax rows may overshoot 1.0 by a few ulps
 
 
 def new_figure(figsize: tuple[float, float] = (6.4, 4.2), *,
@@ -44,6 +46,63 @@ def new_figure(figsize: tuple[float, float] = (6.4, 4.2), *,
     fig = Figure(figsize=figsize, layout="constrained")
     FigureCanvasAgg(fig)  # Agg canvas without pyplot: no global figure manager
     return fig
+
+
+def _check_limit(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise AttnlabError(f"{name}: expected a number or None (auto), got {value!r}")
+    if not math.isfinite(float(value)):
+        raise AttnlabError(f"{name}: expected a finite number or None (auto), got {value!r}")
+    return float(value)
+
+
+def colour_limits(values: np.ndarray, vmin: Any, vmax: Any) -> tuple[float, float]:
+    """The colour scale [low, high] of ``values``: ``vmin``/``vmax``, or the data's own
+    ends where None. Explicit limits must contain the data (within 1e-6, for softmax
+    rows that overshoot 1 by a few ulps): values outside raise instead of being clipped."""
+    low_given, high_given = _check_limit(vmin, "vmin"), _check_limit(vmax, "vmax")
+    if low_given is not None and high_given is not None and low_given >= high_given:
+        raise AttnlabError(
+            f"vmin, vmax: expected vmin < vmax, got vmin = {low_given:g}, vmax = {high_given:g}"
+        )
+    data_min, data_max = float(values.min()), float(values.max())
+    below = low_given is not None and data_min < low_given - _LIMIT_TOL
+    above = high_given is not None and data_max > high_given + _LIMIT_TOL
+    if below or above:
+        low_text = "-inf" if low_given is None else f"{low_given:g}"
+        high_text = "inf" if high_given is None else f"{high_given:g}"
+        raise AttnlabError(
+            f"weights: expected values in [vmin, vmax] = [{low_text}, {high_text}], "
+            f"got min {data_min:.4g} and max {data_max:.4g}. Attention weights lie in "
+            "[0, 1]; to plot raw scores pass vmin=None, vmax=None (auto) or wider limits"
+        )
+    low = data_min if low_given is None else low_given
+    high = data_max if high_given is None else high_given
+    if low >= high:  # constant data on an automatic scale: centre it
+        low, high = (low - 0.5, high + 0.5) if low_given is None else (low, low + 1.0)
+    return low, high
+
+
+def check_cmap(cmap: Any) -> Colormap:
+    """A matplotlib colormap from its name or itself; anything else raises naming ``cmap``."""
+    import matplotlib
+    from matplotlib.colors import Colormap
+
+    if isinstance(cmap, Colormap):
+        return cmap
+    if isinstance(cmap, str):
+        try:
+            return matplotlib.colormaps[cmap]
+        except KeyError:
+            pass
+    raise AttnlabError(
+        f"cmap: expected a matplotlib colormap name (e.g. 'YlGnBu', 'viridis') or "
+        f"Colormap, got {cmap!r}"
+    )
 
 
 def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: float = 150) -> Path:

@@ -20,8 +20,8 @@ from typing import Any
 
 from ..errors import AttnlabError, missing_extra
 
-__all__ = ["CJK_FONT_ENV", "MissingCJKFontWarning", "find_cjk_font", "font_context",
-           "require_matplotlib", "warn_if_cjk_unrenderable"]
+__all__ = ["CJK_FONT_ENV", "MissingCJKFontWarning", "clear_font_cache", "find_cjk_font",
+           "font_context", "require_matplotlib", "warn_if_cjk_unrenderable"]
 
 CJK_FONT_ENV = "ATTNLAB_CJK_FONT"
 """Environment variable: path to a font file with CJK glyphs, used before any search."""
@@ -164,6 +164,11 @@ def find_cjk_font() -> str | None:
     """
     require_matplotlib()
     return _find_cjk_font_cached(os.environ.get(CJK_FONT_ENV) or None)
+
+
+def clear_font_cache() -> None:
+    """Forget :func:`find_cjk_font`'s cached answer, e.g. after installing a font."""
+    _find_cjk_font_cached.cache_clear()
 
 
 def _font_families() -> list[str]:

@@ -49,7 +49,7 @@ from ..errors import (
     check_text,
     shape_str,
 )
-from .figures import new_figure, save_figure
+from .figures import check_cmap, colour_limits, new_figure, save_figure
 from .fonts import (
     CJK_FONT_ENV,
     MissingCJKFontWarning,
@@ -75,7 +75,6 @@ __all__ = [
     "save_figure",
 ]
 
-_WEIGHT_TOL = 1e-6  # softmax rows may overshoot 1.0 by a few ulps
 _MAX_TICK_LABELS = 40  # above this many positions, labels overlap: show indices instead
 _MAX_ANNOTATED_CELLS = 100
 _LANGS = ("en", "zh")
@@ -119,60 +118,6 @@ def _check_title(title: Any, name: str = "title") -> str | None:
     if title is not None and not isinstance(title, str):
         raise AttnlabError(f"{name}: expected a str or None, got {type(title).__name__}")
     return None if title is None else check_text(title, name)
-
-
-def _check_limit(value: Any, name: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
-        value, (int, float, np.integer, np.floating)
-    ):
-        raise AttnlabError(f"{name}: expected a number or None (auto), got {value!r}")
-    if not math.isfinite(float(value)):
-        raise AttnlabError(f"{name}: expected a finite number or None (auto), got {value!r}")
-    return float(value)
-
-
-def _resolve_limits(values: np.ndarray, vmin: Any, vmax: Any) -> tuple[float, float]:
-    """The colour scale [low, high]; explicit limits must contain the data."""
-    low_given, high_given = _check_limit(vmin, "vmin"), _check_limit(vmax, "vmax")
-    if low_given is not None and high_given is not None and low_given >= high_given:
-        raise AttnlabError(
-            f"vmin, vmax: expected vmin < vmax, got vmin = {low_given:g}, vmax = {high_given:g}"
-        )
-    data_min, data_max = float(values.min()), float(values.max())
-    below = low_given is not None and data_min < low_given - _WEIGHT_TOL
-    above = high_given is not None and data_max > high_given + _WEIGHT_TOL
-    if below or above:
-        low_text = "-inf" if low_given is None else f"{low_given:g}"
-        high_text = "inf" if high_given is None else f"{high_given:g}"
-        raise AttnlabError(
-            f"weights: expected values in [vmin, vmax] = [{low_text}, {high_text}], "
-            f"got min {data_min:.4g} and max {data_max:.4g}. Attention weights lie in "
-            "[0, 1]; to plot raw scores pass vmin=None, vmax=None (auto) or wider limits"
-        )
-    low = data_min if low_given is None else low_given
-    high = data_max if high_given is None else high_given
-    if low >= high:  # constant data on an automatic scale: centre it
-        low, high = (low - 0.5, high + 0.5) if low_given is None else (low, low + 1.0)
-    return low, high
-
-
-def _check_cmap(cmap: Any) -> Colormap:
-    import matplotlib
-    from matplotlib.colors import Colormap
-
-    if isinstance(cmap, Colormap):
-        return cmap
-    if isinstance(cmap, str):
-        try:
-            return matplotlib.colormaps[cmap]
-        except KeyError:
-            pass
-    raise AttnlabError(
-        f"cmap: expected a matplotlib colormap name (e.g. 'YlGnBu', 'viridis') or "
-        f"Colormap, got {cmap!r}"
-    )
 
 
 def _axis_words(lang: str) -> tuple[str, str]:
@@ -289,8 +234,8 @@ def plot_attention(
         raise AttnlabError(f"annotate: expected True, False or None (auto), got {annotate!r}")
     if ax is not None and not isinstance(ax, AxesClass):
         raise AttnlabError(f"ax: expected a matplotlib Axes or None, got {type(ax).__name__}")
-    colormap = _check_cmap(cmap)
-    low, high = _resolve_limits(values, vmin, vmax)
+    colormap = check_cmap(cmap)
+    low, high = colour_limits(values, vmin, vmax)
     show_values = T * S <= _MAX_ANNOTATED_CELLS if annotate is None else bool(annotate)
     x_word, y_word = _axis_words(lang)
 
@@ -393,8 +338,8 @@ def plot_head_grid(
         panel_titles = _check_labels(titles, "titles", count, expected, default_titles)
     rows = _check_labels(query_labels, "query_labels", T, "T", _default_labels(T, lang))
     cols = _check_labels(key_labels, "key_labels", S, "S", _default_labels(S, lang))
-    low, high = _resolve_limits(values, 0.0, 1.0)
-    colormap = _check_cmap("YlGnBu")
+    low, high = colour_limits(values, 0.0, 1.0)
+    colormap = check_cmap("YlGnBu")
     x_word, y_word = _axis_words(lang)
 
     panel_size = max(1.4, min(3.0, 16.0 / ncols))

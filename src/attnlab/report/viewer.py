@@ -54,7 +54,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import AttnlabError, ShapeError, check_text, make_folder, shape_str
-from ..lens.diagnostics import Diagnostics, check_weights, diagnose
+from ..lens.diagnostics import Diagnostics, diagnose
+from ..lens.weight_checks import check_weights
 from .text import check_lang
 from .words import VIEWER_WORDS, Lang
 
