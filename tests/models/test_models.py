@@ -36,6 +36,7 @@ from attnlab.models import (  # noqa: E402
     minilm_path,
 )
 from attnlab.models.bert import softmax_by_blocks  # noqa: E402
+from attnlab.report import to_text
 from attnlab.trace import Recorder  # noqa: E402
 
 torch.set_num_threads(1)
@@ -266,8 +267,8 @@ def test_run_trace_keeps_what_was_asked(model):
     assert trace.attention().shape == (2, 1, len(trace.tokens), len(trace.tokens))
     full = model.run("小明去了学校", keep="all")
     assert {"Q", "K", "V", "scores", "scaled", "weights", "output"} <= {s.key for s in full}
-    # The same printer and exporter as attnlab.lens.explain work on it.
-    assert "Attention weights" in trace.to_text() and json.loads(trace.to_json())["tokens"]
+    # The same printer and exporter as attnlab.lens.explain's traces work on it.
+    assert "Attention weights" in to_text(trace) and json.loads(trace.to_json())["tokens"]
 
 
 # ---- the loader's checks, on a tiny random BERT written to disk ------------------

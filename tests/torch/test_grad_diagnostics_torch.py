@@ -12,12 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from attnlab import AttnlabError, MultiHeadAttention  # noqa: E402
-from attnlab.lens.grad_diagnostics import (  # noqa: E402
-    GradReport,
-    grad_norms,
-    torch_grad_norms,
-    watch_gradients,
-)
+from attnlab.lens.grad_diagnostics import GradReport, grad_norms  # noqa: E402
+from attnlab.lens.grad_torch import torch_grad_norms, watch_gradients  # noqa: E402
 
 torch.set_num_threads(1)
 TOL = {"rtol": 1e-9, "atol": 1e-12}
