@@ -25,7 +25,7 @@ from attnlab.report.text import to_markdown, to_text
 
 def test_other_flags_are_checked_not_truth_tested():
     x = np.ones((1, 3, 8))
-    mha = attnlab.MultiHeadAttention.init(8, 2, seed=0)
+    mha = attnlab.MultiHeadAttention.init(2, 8, seed=0)
     with pytest.raises(AttnlabError, match=r"^return_weights: expected True or False, got 'no'$"):
         mha(x, return_weights="no")
     with pytest.raises(AttnlabError, match=r"^interleaved: expected True or False, got 'yes'$"):
@@ -86,7 +86,7 @@ HUGE = [
     (lambda: attnlab.SinusoidalPositionalEncoding(512, 10**9), r"max_len, d_model: the table"),
     (lambda: attnlab.LearnedPositionalEmbedding(10**9, 512), r"max_len, d_model: the table"),
     (lambda: attnlab.init_weight(10**6, 10**6, rng=0), r"fan_in, fan_out: the weight"),
-    (lambda: attnlab.MultiHeadAttention.init(10**6, 1), r"fan_in, fan_out: the weight"),
+    (lambda: attnlab.MultiHeadAttention.init(1, 10**6), r"fan_in, fan_out: the weight"),
     (lambda: attnlab.KVCache(1, 8, 64, capacity=10**9), r"capacity: the cache's buffer"),
     (lambda: attnlab.KVCache(1, 8, 64, max_len=10**9), r"max_len: the cache's buffer"),
     (lambda: attnlab.SlidingWindowKVCache(1, 8, 64, window=10**9), r"window: the cache's"),

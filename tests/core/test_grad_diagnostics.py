@@ -19,7 +19,7 @@ from attnlab.lens.grad_diagnostics import (
 @pytest.fixture
 def setup():
     rng = np.random.default_rng(0)
-    mha = MultiHeadAttention.init(8, num_heads=4, seed=1)
+    mha = MultiHeadAttention.init(4, 8, seed=1)
     mha.bq, mha.bv, mha.bo = rng.standard_normal(8), rng.standard_normal(8), rng.standard_normal(8)
     x = rng.standard_normal((2, 5, 8))
     G = rng.standard_normal((2, 5, 8))
@@ -53,7 +53,7 @@ def test_dout_may_be_a_callable_of_the_output(setup):
 
 def test_gqa_heads_are_split_by_kv_head(setup):
     _, x, G = setup
-    mha = MultiHeadAttention.init(8, num_heads=4, num_kv_heads=2, seed=3)
+    mha = MultiHeadAttention.init(4, 8, num_kv_heads=2, seed=3)
     report = grad_norms(mha, x, G)
     assert report.head_norms["Wq"].shape == (4,) and report.head_norms["Wo"].shape == (4,)
     assert report.head_norms["Wk"].shape == (2,) and report.head_norms["Wv"].shape == (2,)

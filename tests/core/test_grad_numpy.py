@@ -230,7 +230,7 @@ def test_mha_gqa_cross_attention_with_mask_and_key_padding(rng):
 
 
 def test_mha_self_attention_causal_with_bias(rng):
-    mha = MultiHeadAttention.init(6, num_heads=2, seed=3)
+    mha = MultiHeadAttention.init(2, 6, seed=3)
     mha.bq, mha.bv = rng.standard_normal(6), rng.standard_normal(6)
     x = rng.standard_normal((2, 4, 6))
     bias = rng.standard_normal((2, 4, 4))  # one per head (H, T, S), like ALiBi
@@ -247,12 +247,12 @@ def test_mha_self_attention_causal_with_bias(rng):
 
 
 def test_mha_unbatched_without_biases(rng):
-    mha = MultiHeadAttention.init(4, num_heads=2, use_bias=False, seed=5)
+    mha = MultiHeadAttention.init(2, 4, use_bias=False, seed=5)
     check_mha_against_fd(mha, rng.standard_normal((3, 4)), rng.standard_normal((3, 4)))
 
 
 def test_mha_backward_refuses_what_the_forward_refuses(rng):
-    mha = MultiHeadAttention.init(4, num_heads=2, seed=0)
+    mha = MultiHeadAttention.init(2, 4, seed=0)
     bad_x = np.ones((2, 3, 5))
     with pytest.raises(ShapeError) as forward_error:
         mha(bad_x)

@@ -103,7 +103,7 @@ def test_cached_layer_equals_multihead_forward_with_rope(dtype, rope):
     """Project, rotate at the cache's absolute positions, attend, merge: equals
     ``MultiHeadAttention(x, is_causal=True)`` (which places keys at 0 .. S-1)."""
     rng = np.random.default_rng(1)
-    mha = MultiHeadAttention.init(32, 8, num_kv_heads=2, rope=rope, seed=3, dtype=dtype)
+    mha = MultiHeadAttention.init(8, 32, num_kv_heads=2, rope=rope, seed=3, dtype=dtype)
     x = rng.standard_normal((2, 19, 32)).astype(dtype)
     expected = mha(x, is_causal=True)
     cache = KVCache(2, 2, 4, dtype=dtype)
@@ -124,7 +124,7 @@ def test_rope_positions_matter():
     """Rotating the new token at position 0 instead of its absolute position is wrong:
     the test above would catch a cache that restarted positions."""
     rng = np.random.default_rng(2)
-    mha = MultiHeadAttention.init(16, 2, rope=True, seed=0)
+    mha = MultiHeadAttention.init(2, 16, rope=True, seed=0)
     x = rng.standard_normal((1, 6, 16))
     expected = mha(x, is_causal=True)[:, -1]
     cache = KVCache(1, 2, 8)
@@ -316,7 +316,7 @@ def test_sliding_window_with_rope_follows_absolute_positions():
     """Positions far beyond W: keys are rotated at their absolute positions, not slots."""
     rng = np.random.default_rng(6)
     W = 5
-    mha = MultiHeadAttention.init(16, 4, num_kv_heads=2, rope=True, seed=1)
+    mha = MultiHeadAttention.init(4, 16, num_kv_heads=2, rope=True, seed=1)
     x = rng.standard_normal((1, 30, 16))
     expected = mha(x, mask=sliding_window_mask(30, W, is_causal=True, S=30), is_causal=True)
     cache = SlidingWindowKVCache(1, 2, 4, window=W)

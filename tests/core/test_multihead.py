@@ -325,16 +325,16 @@ def test_call_validation(args, kwargs, match):
 ])
 def test_init_refuses_non_float_dtypes(dtype, message):
     with pytest.raises(attnlab.AttnlabError, match=message):
-        MultiHeadAttention.init(8, 2, dtype=dtype)
+        MultiHeadAttention.init(2, 8, dtype=dtype)
 
 
 def test_huge_inputs_are_refused_not_nan():
-    mha = MultiHeadAttention.init(8, 2)
+    mha = MultiHeadAttention.init(2, 8)
     with pytest.raises(attnlab.AttnlabError, match="the scaled scores could reach"):
         mha(np.full((3, 8), 1e200))
 
 
 def test_ragged_key_padding_is_a_named_error():
-    mha = MultiHeadAttention.init(4, 2)
+    mha = MultiHeadAttention.init(2, 4)
     with pytest.raises(attnlab.AttnlabError, match="key_padding: could not be read as an array"):
         mha(np.ones((2, 3, 4)), key_padding=[[True, True, True], [True]])

@@ -152,7 +152,7 @@ def test_profiled_layers_are_the_blocks_themselves(norm):
 @pytest.mark.parametrize("positions", ["rope", "alibi"])
 def test_profiled_layers_time_rope_and_alibi_blocks_as_they_are(positions):
     """The old step-by-step copy of the block silently dropped RoPE and ALiBi."""
-    attn = MultiHeadAttention.init(16, 4, seed=0, rope=positions == "rope",
+    attn = MultiHeadAttention.init(4, 16, seed=0, rope=positions == "rope",
                                    alibi=positions == "alibi")
     block = EncoderBlock.from_parts(attn, LayerNorm(16), FeedForward(16, 32), LayerNorm(16))
     x = np.random.default_rng(1).standard_normal((2, 6, 16))  # (B, T, E)

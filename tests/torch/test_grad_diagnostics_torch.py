@@ -22,7 +22,7 @@ TOL = {"rtol": 1e-9, "atol": 1e-12}
 @pytest.fixture
 def setup():
     rng = np.random.default_rng(0)
-    mha = MultiHeadAttention.init(8, num_heads=4, seed=1)
+    mha = MultiHeadAttention.init(4, 8, seed=1)
     mha.bq, mha.bv, mha.bo = rng.standard_normal(8), rng.standard_normal(8), rng.standard_normal(8)
     x = rng.standard_normal((2, 5, 8))
     G = rng.standard_normal((2, 5, 8))
@@ -115,7 +115,7 @@ def test_watch_nn_multihead_attention_matches_numpy(setup):
 
 def test_generic_gqa_module_nested_and_via_torch_grad_norms(setup):
     _, x, G = setup
-    mha = MultiHeadAttention.init(8, num_heads=4, num_kv_heads=2, seed=4)
+    mha = MultiHeadAttention.init(4, 8, num_kv_heads=2, seed=4)
     mha.bq, mha.bk, mha.bv, mha.bo = (np.full(n, 0.1) for n in (8, 4, 4, 8))
     model = torch.nn.Sequential(GroupedAttention(mha))  # parameter names get the "0." prefix
     tG = torch.tensor(G)

@@ -201,7 +201,7 @@ def test_mha_gqa_matches_torch_autograd(cross):
 
 def test_mha_matches_nn_multihead_attention_with_key_padding():
     rng = np.random.default_rng(5)
-    mha = MultiHeadAttention.init(8, num_heads=2, seed=2)
+    mha = MultiHeadAttention.init(2, 8, seed=2)
     mha.bq, mha.bk, mha.bv, mha.bo = (rng.standard_normal(8) for _ in range(4))
     x = rng.standard_normal((2, 4, 8))
     key_padding = np.array([[True, True, True, False], [True, True, True, True]])

@@ -186,7 +186,7 @@ def test_causal_mask_matches_core():
 
 
 def test_mha_numpy_round_trip_is_exact():
-    core = attnlab.MultiHeadAttention.init(12, 4, num_kv_heads=2, head_dim=5, d_context=7,
+    core = attnlab.MultiHeadAttention.init(4, 12, num_kv_heads=2, head_dim=5, d_context=7,
                                            seed=3)
     core.bk = None  # one missing bias
     module = at.MultiHeadAttention.from_numpy(core)
@@ -201,7 +201,7 @@ def test_mha_numpy_round_trip_is_exact():
 
 
 def test_mha_from_numpy_float32_stays_float32():
-    core = attnlab.MultiHeadAttention.init(8, 2, dtype=np.float32)
+    core = attnlab.MultiHeadAttention.init(2, 8, dtype=np.float32)
     assert at.MultiHeadAttention.from_numpy(core).q_proj.weight.dtype == torch.float32
     assert at.MultiHeadAttention.from_numpy(core, dtype=torch.float64).q_proj.weight.dtype == (
         torch.float64

@@ -242,7 +242,7 @@ def test_sdpa_property_matches_core(batch, T, S, D, Dv, causal, keep, seed):
 
 
 def numpy_mha(E=16, H=4, Hkv=None, seed=0, dtype=np.float64, **kw):
-    mha = attnlab.MultiHeadAttention.init(E, H, num_kv_heads=Hkv, seed=seed, dtype=dtype, **kw)
+    mha = attnlab.MultiHeadAttention.init(H, E, num_kv_heads=Hkv, seed=seed, dtype=dtype, **kw)
     rng = np.random.default_rng(seed + 1)
     for name in ("bq", "bk", "bv", "bo"):  # non-zero biases, so they are tested too
         b = getattr(mha, name)

@@ -59,21 +59,16 @@ TWINS = [
          # The NumPy core builds these from explicit arrays (MultiHeadAttention(Wq, ...)).
          torch_only={"generator", "device", "dropout", "value_head_dim", "d_out",
                      "rope_interleaved"},
-         dtype_defaults_differ=True,  # float64 like the NumPy core, torch's default float
-         pending="NumPy: MultiHeadAttention.init(num_heads, d_model, ...), seed 001's order"),
+         dtype_defaults_differ=True),  # float64 like the NumPy core, torch's default float
     Twin("MultiHeadAttention call", attnlab.MultiHeadAttention.__call__,
          at.MultiHeadAttention.forward, numpy_only={"recorder"},
          inputs=(("x", "context"), ("query", "key", "value"))),
     Twin("SelfAttentionLayer", attnlab.SelfAttentionLayer, at.SelfAttentionLayer,
          numpy_only={"scheme", "seed"},
          # RoPE, ALiBi and bias-free projections exist on the NumPy layer's attention only.
-         torch_only=FRAMEWORK | {"use_bias", "rope", "rope_base", "rope_interleaved", "alibi"},
-         pending="NumPy: SelfAttentionLayer(d_model, num_heads, dropout=0.1, *, norm=...), "
-                 "seed 001's positional dropout"),
+         torch_only=FRAMEWORK | {"use_bias", "rope", "rope_base", "rope_interleaved", "alibi"}),
     Twin("SelfAttentionLayer call", attnlab.SelfAttentionLayer.__call__,
-         at.SelfAttentionLayer.forward, numpy_only={"recorder"},
-         pending="NumPy: SelfAttentionLayer.__call__(x, mask, *, key_padding, bias, "
-                 "is_causal, recorder), MultiHeadAttention's order"),
+         at.SelfAttentionLayer.forward, numpy_only={"recorder"}),
     Twin("LayerNorm", attnlab.LayerNorm, at.LayerNorm, numpy_only={"gamma", "beta"},
          torch_only={"device", "dtype"}),
     Twin("LayerNorm call", attnlab.LayerNorm.__call__, at.LayerNorm.forward),

@@ -36,7 +36,7 @@ softmax ignores. Being flagged as vanishing is the truth about it.
 
 >>> import numpy as np
 >>> from attnlab import MultiHeadAttention
->>> mha = MultiHeadAttention.init(8, num_heads=2, seed=0)
+>>> mha = MultiHeadAttention.init(2, 8, seed=0)
 >>> x = np.random.default_rng(0).standard_normal((1, 3, 8))
 >>> report = grad_norms(mha, x, lambda out: 2 * out)  # L = Σ out², ∂L/∂out = 2 out
 >>> report.head_norms["Wq"].shape

@@ -205,7 +205,7 @@ class TinyDecoder:
         self.blocks: list[DecoderBlock] = []
         for _ in range(cfg.num_layers):
             attn = MultiHeadAttention.init(
-                E, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, rope=cfg.rope,
+                cfg.num_heads, E, num_kv_heads=cfg.num_kv_heads, rope=cfg.rope,
                 rope_base=cfg.rope_base, seed=rng, dtype=dtype,
             )
             ffn = FeedForward(E, cfg.d_ff, activation=cfg.activation, seed=rng)

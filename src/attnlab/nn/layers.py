@@ -248,8 +248,8 @@ class SelfAttentionLayer:
         self,
         d_model: int,
         num_heads: int,
-        *,
         dropout: float = 0.1,
+        *,
         norm: NormPlacement = "post",
         num_kv_heads: int | None = None,
         eps: float = 1e-5,
@@ -262,7 +262,7 @@ class SelfAttentionLayer:
         rng = as_rng(seed)
         self.norm = norm
         self.attn = MultiHeadAttention.init(
-            d_model, num_heads, num_kv_heads=num_kv_heads, scheme=scheme, v_gain=v_gain, seed=rng
+            num_heads, d_model, num_kv_heads=num_kv_heads, scheme=scheme, v_gain=v_gain, seed=rng
         )
         self.norm1 = LayerNorm(d_model, eps)
         self.dropout = Dropout(dropout, seed=rng)
@@ -285,8 +285,8 @@ class SelfAttentionLayer:
         mask: Any = None,
         *,
         key_padding: Any = None,
-        is_causal: bool = False,
         bias: Any = None,
+        is_causal: bool = False,
         recorder: Recorder | None = None,
     ) -> np.ndarray:
         """Shapes: x (B, T, E) or (T, E) -> same; mask broadcastable to (B, H, T, T),

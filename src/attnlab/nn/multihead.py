@@ -74,7 +74,7 @@ class MultiHeadAttention:
     Build random ones with :meth:`init`; build from arrays directly to check
     against another implementation.
 
-    >>> mha = MultiHeadAttention.init(8, num_heads=2, seed=0)
+    >>> mha = MultiHeadAttention.init(2, 8, seed=0)
     >>> x = np.ones((1, 3, 8))
     >>> mha(x).shape
     (1, 3, 8)
@@ -158,8 +158,8 @@ class MultiHeadAttention:
     @classmethod
     def init(
         cls,
-        d_model: int,
         num_heads: int,
+        d_model: int,
         *,
         num_kv_heads: int | None = None,
         head_dim: int | None = None,

@@ -45,7 +45,7 @@ def from_numpy(obj: Any, *, device: Any = None) -> nn.Module:
     Parameters keep their NumPy dtype (float64 stays float64).
 
     >>> import attnlab
-    >>> from_numpy(attnlab.MultiHeadAttention.init(8, 2)).q_proj.weight.dtype
+    >>> from_numpy(attnlab.MultiHeadAttention.init(2, 8)).q_proj.weight.dtype
     torch.float64
     """
     if type(obj) is np_layers.SelfAttentionLayer:
