@@ -1,8 +1,9 @@
 """Settings for the whole suite, made once here rather than in each test file.
 
 - torch's thread count: ``ATTNLAB_TEST_TORCH_THREADS`` (default 1), when torch is
-  installed. scripts/test-numerics.sh runs the numerics tiers at 1 and at 2 threads;
-  a test that changes the count must put it back (checked after every test).
+  installed. scripts/test-numerics.sh runs the numerics tiers at 1 and at 2 threads.
+  Every test starts at that count, whatever a test module set for itself, and a test
+  that changes it must put it back (checked after every test).
 - NumPy's BLAS is left as the environment sets it (``OPENBLAS_CORETYPE``,
   ``OPENBLAS_NUM_THREADS``); the report header names the kernel and thread counts
   the run really used.
@@ -70,7 +71,7 @@ def _blas_line() -> str:
         return f"BLAS: none found by threadpoolctl, OPENBLAS_CORETYPE={coretype}"
     described = ", ".join(
         f"{info['internal_api']} {info.get('version')} kernel {info.get('architecture')}"
-        f" at {info['num_threads']} threads"
+        f", {info['num_threads']} thread(s)"
         for info in blas
     )
     return f"BLAS: {described} (OPENBLAS_CORETYPE={coretype})"
@@ -80,7 +81,7 @@ def _torch_line() -> str:
     torch = _torch()
     if torch is None:
         return "torch: not installed"
-    return (f"torch: {torch.__version__} at {torch.get_num_threads()} threads "
+    return (f"torch: {torch.__version__}, {torch.get_num_threads()} thread(s) "
             f"({THREADS_VARIABLE}={os.environ.get(THREADS_VARIABLE, 'unset, so 1')})")
 
 
@@ -91,21 +92,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.numerics)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _torch_threads_for_the_session() -> None:
-    """Set once more after collection: importing a test module may have changed it."""
-    torch = _torch()
-    if torch is not None:
-        torch.set_num_threads(_wanted_torch_threads())
-
-
 @pytest.fixture(autouse=True)
-def _torch_threads_are_restored(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
+def _torch_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test starts at the configured count (a test module, or a module-scoped
+    fixture, may have set its own) and must leave it so."""
     torch = _torch()
+    if torch is None:
+        yield
+        return
     wanted = _wanted_torch_threads()
-    if torch is not None and torch.get_num_threads() != wanted:
-        now = torch.get_num_threads()
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)
+    yield
+    now = torch.get_num_threads()
+    if now != wanted:
         torch.set_num_threads(wanted)  # so that the tests after this one still run as asked
         pytest.fail(f"{request.node.nodeid} left torch at {now} threads instead of {wanted}; "
                     "a test that changes the thread count must restore it")
