@@ -2,6 +2,8 @@
 # The numerics-sensitive tiers under every OpenBLAS kernel this CPU can run, each with
 # torch at 1 and at 2 threads: results must not depend on the machine's SIMD width
 # (a flash gradient once passed on AVX2 and failed on AVX-512) or on thread counts.
+# The tiers: tests/core, tests/torch, tests/models, tests/conformance (the tests that
+# tests/conftest.py marks `numerics`).
 #
 #   scripts/test-numerics.sh [--skip-covered] [PYTHON] [-- PYTEST ARGS...]
 #
@@ -21,6 +23,9 @@ python=.venv/bin/python
 if [[ $# -gt 0 && $1 != -* ]]; then python=$1; shift; fi
 if [[ ${1:-} == -- ]]; then shift; fi
 tiers=(tests/core tests/torch tests/models tests/conformance)
+# tests/core never imports torch (make test proves it in a virtualenv without torch),
+# so torch's thread count cannot change its results: the 2-thread runs leave it out.
+torch_tiers=(tests/torch tests/models tests/conformance)
 
 has_flag() { grep -qw "$1" /proc/cpuinfo 2>/dev/null; }
 
@@ -58,10 +63,12 @@ for kernel in "${kernels[@]}"; do
             echo "numerics: ${label}: skipped, the whole suite has just run with it"
             continue
         fi
-        echo "numerics: ${label} (OpenBLAS reports ${got})"
+        run_tiers=("${tiers[@]}")
+        if [[ $threads != 1 ]]; then run_tiers=("${torch_tiers[@]}"); fi
+        echo "numerics: ${label}: ${run_tiers[*]} (OpenBLAS reports ${got})"
         start=$SECONDS
         if env "${coretype[@]}" ATTNLAB_TEST_TORCH_THREADS="$threads" \
-            "$python" -m pytest "${tiers[@]}" "$@"; then
+            "$python" -m pytest "${run_tiers[@]}" "$@"; then
             echo "numerics: ${label}: passed in $((SECONDS - start)) s"
         else
             echo "numerics: ${label}: FAILED after $((SECONDS - start)) s"
