@@ -59,14 +59,6 @@ F32_REL = 2e-6
 HIDDEN, HEADS, HEAD_DIM = 16, 2, 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _config(kind="llama", attn="sdpa", **extra):
     cls = MistralConfig if kind == "mistral" else LlamaConfig
     cfg = cls(num_hidden_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS,

@@ -54,14 +54,6 @@ F64_TOL = 1e-12  # float64 on both sides: a few roundings of O(1) values
 F32_REL = 2e-6  # float32 on both sides: independent roundings, ~5e-7 seen
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _tol(dtype: torch.dtype, ref: torch.Tensor | np.ndarray) -> float:
     ref_arr = ref.detach().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
     scale = max(1.0, float(np.max(np.abs(ref_arr)))) if ref_arr.size else 1.0

@@ -11,8 +11,6 @@ import pytest
 import attnlab
 from attnlab import AttnlabError, ShapeError, explain
 from attnlab.report import (
-    plot,
-    save,
     step_note,
     to_json,
     to_markdown,
@@ -165,16 +163,6 @@ def test_markdown_has_one_table_per_step_and_escapes_tokens():
     assert "| row sums |" in md
 
 
-def test_save_writes_all_outputs(tmp_path):
-    written = save(explain(tokens=["小明", "去了", "学校"]), tmp_path / "out", lang="zh")
-    names = sorted(p.name for p in written)
-    assert names == ["heatmap.png", "heatmap.svg", "trace.json", "trace.md"]
-    assert (tmp_path / "out" / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "注意力计算过程" in (tmp_path / "out" / "trace.md").read_text(encoding="utf-8")
-    saved = json.loads((tmp_path / "out" / "trace.json").read_text(encoding="utf-8"))
-    assert saved["steps"][0]["title"] == {"en": "Input X", "zh": "输入 X"}
-
-
 def test_explain_validation():
     with pytest.raises(AttnlabError, match="tokens: expected 3 labels to match X's rows, got 2"):
         explain(tokens=["a", "b"], X=np.ones((3, 4)))
@@ -218,11 +206,6 @@ def test_the_trace_module_holds_no_words_and_imports_no_renderer():
                  if isinstance(node, ast.Import) for alias in node.names}
     assert not any(name and ("report" in name or "matplotlib" in name) for name in imported)
     assert "注意力" not in source and not hasattr(attnlab.Trace, "to_text")
-
-
-def test_single_head_heatmap_has_seed000_title():
-    figure = plot(explain(), lang="zh")
-    assert figure.axes[0].get_title() == "注意力权重热图"
 
 
 def test_tokens_must_be_a_list_not_a_string():

@@ -39,8 +39,6 @@ from attnlab.models.bert import softmax_by_blocks  # noqa: E402
 from attnlab.report import to_text
 from attnlab.trace import Recorder  # noqa: E402
 
-torch.set_num_threads(1)
-
 LONG_EN = " ".join(["attention is all you need"] * 80)  # ~400 tokens, truncated at 256
 TEXTS = [
     "小明去了学校",

@@ -15,7 +15,6 @@ from attnlab import AttnlabError, MultiHeadAttention  # noqa: E402
 from attnlab.lens.grad_diagnostics import GradReport, grad_norms  # noqa: E402
 from attnlab.lens.grad_torch import torch_grad_norms, watch_gradients  # noqa: E402
 
-torch.set_num_threads(1)
 TOL = {"rtol": 1e-9, "atol": 1e-12}
 
 

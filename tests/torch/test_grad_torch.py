@@ -27,7 +27,6 @@ from attnlab import LayerNorm, MultiHeadAttention  # noqa: E402
 from attnlab.backward import sdpa_backward  # noqa: E402
 from attnlab.nn.backward import layer_norm_backward, mha_backward  # noqa: E402
 
-torch.set_num_threads(1)
 TOL = {"rtol": 1e-9, "atol": 1e-9}  # see the module docstring
 F = torch.nn.functional
 

@@ -19,8 +19,6 @@ import attnlab
 import attnlab.torch as at
 from attnlab.errors import AttnlabError, ShapeError
 
-torch.set_num_threads(1)
-
 Z = torch.zeros
 sdpa = at.scaled_dot_product_attention
 q3, k5, v5 = Z(3, 4), Z(5, 4), Z(5, 2)  # T = 3, S = 5, D = 4, Dv = 2

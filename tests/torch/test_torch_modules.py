@@ -30,8 +30,6 @@ import attnlab.torch.masks
 import attnlab.torch.multihead
 import attnlab.torch.positional
 
-torch.set_num_threads(1)
-
 SRC = str(Path(attnlab.__file__).resolve().parents[1])
 
 

@@ -30,8 +30,6 @@ from hypothesis import strategies as st
 import attnlab
 import attnlab.torch as at
 
-torch.set_num_threads(1)
-
 F64_TOL = 1e-12
 F32_TOL = 1e-6
 

@@ -18,8 +18,6 @@ import attnlab.positional as core
 import attnlab.torch as at
 from attnlab.errors import AttnlabError, ShapeError
 
-torch.set_num_threads(1)
-
 TOL = 1e-12
 
 
