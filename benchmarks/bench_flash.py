@@ -2,14 +2,22 @@
 
 Default: ``attnlab.flash_attention`` vs ``torch.nn.functional.scaled_dot_product_attention``
 on CPU, float32, B = 1, H = 8, T = S = 4096, D = 64, forward only, the same
-number of threads for both (threadpoolctl limits NumPy's BLAS,
-``torch.set_num_threads`` limits torch). torch gets 4-D (B, H, T, D) inputs,
-which is what selects its fused flash kernel on CPU (3-D inputs fall back to
-the plain "math" path). Throughput in GFLOP/s with forward FLOPs = 4·B·H·T·S·D
-(half with ``--causal``). The two run interleaved (A B, then B A, ...) so that
-drift in machine load hits both; the script prints the median of ``--repeats``
-runs, the spread (min .. max) and the ratio of medians. Outputs are checked to
-agree before anything is timed. Target: flash >= 0.8x torch.
+number of threads for both: flash gets ``num_threads=--threads`` (its parts
+run on that many threads, BLAS held to one thread each), and around both
+threadpoolctl limits NumPy's BLAS to ``--threads``; ``torch.set_num_threads``
+limits torch. torch gets 4-D (B, H, T, D) inputs, which is what selects its
+fused flash kernel on CPU (3-D inputs fall back to the plain "math" path).
+Throughput in GFLOP/s with forward FLOPs = 4·B·H·T·S·D (half with
+``--causal``). The two run interleaved (A B, then B A, ...) so that drift in
+machine load hits both; the script prints the median of ``--repeats`` runs,
+the spread (min .. max) and the ratio of medians. Outputs are checked to agree
+before anything is timed. Target: flash >= 0.8x torch.
+
+Each call's CPU time (the process's, all threads) is printed too. On a machine
+shared with other work, wall time measures the share of the cores each side
+happened to get; at one thread the ratio of CPU times is the steadier figure of
+the work each side does (at more threads it also counts threads that spin while
+waiting, so only wall time is throughput there).
 
 ``--long``: flash alone at T = S = 65,536, one head, D = 64 (the plain path
 would need a 16 GiB score matrix), reporting time and peak extra memory, both
@@ -50,25 +58,29 @@ def forward_flops(B: int, H: int, T: int, S: int, D: int, causal: bool) -> float
 
 def interleaved(
     contenders: dict[str, Callable[[], object]], repeats: int
-) -> dict[str, list[float]]:
-    """Seconds per call of each contender, run in alternating order after one warm-up each."""
+) -> dict[str, list[tuple[float, float]]]:
+    """(wall, CPU) seconds per call of each contender, run in alternating order after one
+    warm-up each."""
     for fn in contenders.values():
         fn()
     names = list(contenders)
-    times: dict[str, list[float]] = {name: [] for name in names}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for i in range(repeats):
         for name in names if i % 2 == 0 else names[::-1]:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             contenders[name]()
-            times[name].append(time.perf_counter() - start)
+            times[name].append((time.perf_counter() - start, time.process_time() - start_cpu))
     return times
 
 
-def report(times: dict[str, list[float]], flops: float) -> None:
-    for name, values in times.items():
-        med = statistics.median(values)
+def report(times: dict[str, list[tuple[float, float]]], flops: float) -> None:
+    for name, runs in times.items():
+        wall = [w for w, _ in runs]
+        med = statistics.median(wall)
+        cpu = statistics.median(c for _, c in runs)
         print(f"  {name:34s} median {med * 1e3:8.1f} ms  {flops / med / 1e9:6.1f} GFLOP/s  "
-              f"(spread {flops / max(values) / 1e9:.1f} .. {flops / min(values) / 1e9:.1f})")
+              f"(spread {flops / max(wall) / 1e9:.1f} .. {flops / min(wall) / 1e9:.1f})  "
+              f"cpu {cpu * 1e3:8.1f} ms")
 
 
 def versus_torch(args: argparse.Namespace) -> None:
@@ -84,7 +96,7 @@ def versus_torch(args: argparse.Namespace) -> None:
     backend = SDPBackend(torch._fused_sdp_choice(tq, tk, tv, is_causal=args.causal))
 
     def run_flash() -> np.ndarray:
-        return flash_attention(q, k, v, is_causal=args.causal)
+        return flash_attention(q, k, v, is_causal=args.causal, num_threads=args.threads)
 
     def run_torch() -> torch.Tensor:
         with torch.inference_mode():
@@ -103,8 +115,10 @@ def versus_torch(args: argparse.Namespace) -> None:
           f"tiles {DEFAULT_BLOCK_Q}x{DEFAULT_BLOCK_K}, max |diff| {gap:.1e}")
     print(f"  numpy {np.__version__}, torch {torch.__version__}, {platform.processor() or 'cpu'}")
     report(times, flops)
-    medians = [statistics.median(values) for values in times.values()]
-    print(f"throughput ratio flash / torch SDPA = {medians[1] / medians[0]:.2f}x (target >= 0.8x)")
+    wall, cpu = ([statistics.median(run[i] for run in runs) for runs in times.values()]
+                 for i in (0, 1))
+    print(f"throughput ratio flash / torch SDPA = {wall[1] / wall[0]:.2f}x (target >= 0.8x); "
+          f"by CPU time {cpu[1] / cpu[0]:.2f}x")
 
 
 def long_sequence(args: argparse.Namespace) -> None:
@@ -117,7 +131,7 @@ def long_sequence(args: argparse.Namespace) -> None:
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
         tracemalloc.start()
         start = time.perf_counter()
-        out = flash_attention(q, k, v, is_causal=args.causal)
+        out = flash_attention(q, k, v, is_causal=args.causal, num_threads=args.threads)
         elapsed = time.perf_counter() - start
         traced_peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
@@ -144,7 +158,7 @@ def block_sweep(args: argparse.Namespace) -> None:
     tiles = [tuple(int(n) for n in spec.split("x")) for spec in args.blocks]
     contenders = {
         f"tiles {bq}x{bk}": (lambda bq=bq, bk=bk: flash_attention(
-            q, k, v, is_causal=args.causal, block_q=bq, block_k=bk))
+            q, k, v, is_causal=args.causal, block_q=bq, block_k=bk, num_threads=args.threads))
         for bq, bk in tiles
     }
     with threadpool_limits(limits=args.threads, user_api="blas"):

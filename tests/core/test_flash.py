@@ -23,8 +23,11 @@ Tolerances, and why:
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import math
 import tracemalloc
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -135,9 +138,29 @@ def problems(draw, max_len=40):
 # ------------------------------------------------------------------ fidelity rule
 
 
+@contextlib.contextmanager
+def _scores_in_base(base):
+    """Flash makes scores in base 2 where NumPy's exp2 is SIMD code, else in base e:
+    force either, so that both are tested on every machine."""
+    flash_module = importlib.import_module("attnlab.fast.flash")
+    with mock.patch.object(flash_module, "_exp2_is_vectorised", lambda dtype: base == 2):
+        yield
+
+
 @settings(max_examples=60, deadline=None)
 @given(problems())
 def test_float32_fidelity_rule_outputs_and_gradients(problem):
+    _check_fidelity_rule(problem)
+
+
+@settings(max_examples=30, deadline=None)
+@given(problems(), st.sampled_from([2, math.e]))
+def test_float32_fidelity_rule_in_base_2_and_base_e(problem, base):
+    with _scores_in_base(base):
+        _check_fidelity_rule(problem)
+
+
+def _check_fidelity_rule(problem):
     q, k, v, mask, bias, is_causal, block_q, block_k, dout = problem
     opts = {"bias": bias, "is_causal": is_causal}
     tiles = {"block_q": block_q, "block_k": block_k}
@@ -162,6 +185,17 @@ def test_float32_fidelity_rule_outputs_and_gradients(problem):
 @settings(max_examples=40, deadline=None)
 @given(problems())
 def test_float64_equals_plain_path(problem):
+    _check_float64_equals_plain_path(problem)
+
+
+@settings(max_examples=20, deadline=None)
+@given(problems(), st.sampled_from([2, math.e]))
+def test_float64_equals_plain_path_in_base_2_and_base_e(problem, base):
+    with _scores_in_base(base):
+        _check_float64_equals_plain_path(problem)
+
+
+def _check_float64_equals_plain_path(problem):
     q, k, v, mask, bias, is_causal, block_q, block_k, dout = (_f64(a) if isinstance(
         a, np.ndarray) else a for a in problem)
     opts = {"bias": bias, "is_causal": is_causal}
@@ -663,3 +697,138 @@ def test_finfo_min_bias_on_a_huge_negative_score_warns_nothing():
     np.testing.assert_allclose(out, scaled_dot_product_attention(q, k, v, bias=bias), atol=1e-6)
     grads = flash_attention_backward(q, k, v, out, lse, np.ones_like(out), bias=bias, block_k=1)
     assert all(np.isfinite(g).all() for g in grads)
+
+
+def test_scores_near_the_largest_float_give_the_plain_result():
+    # Scores of ±3e38 fit float32 (3.4e38) but not in base 2 (times log2 e = 1.44):
+    # such inputs are computed in base e.
+    q = np.array([[1e19], [-1e19]], dtype=np.float32)
+    k = np.array([[3e19], [-3e19], [1.0]], dtype=np.float32)
+    v = np.array([[1.0], [2.0], [3.0]], dtype=np.float32)
+    out, lse = flash_attention(q, k, v, scale=1.0, return_lse=True)
+    np.testing.assert_array_equal(out, scaled_dot_product_attention(q, k, v, scale=1.0))
+    np.testing.assert_allclose(lse, reference_lse(_f64(q), _f64(k), scale=1.0), rtol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("pattern", ["rising", "falling"])
+def test_running_reference_moves_without_a_bias_too(pattern, dtype):
+    # As test_running_reference_moves_up_and_down, with the ramp in q·kᵀ instead
+    # of a bias (so the scores are made in base 2): the later tiles of "rising"
+    # leave the window after every row has mass, so they are first tried without
+    # their max and then redone. Tolerance: the scores (up to 120) are rounded
+    # differently on the two paths ((q·scale·log2 e)·k vs (q·k)·scale), and exp
+    # turns an absolute error of the score into a relative error of the weight:
+    # 8 ulps of the largest score, times the largest |v|.
+    rng = np.random.default_rng(6)
+    T, S = 6, 40
+    q, k, v = rng.standard_normal((T, 4)), rng.standard_normal((S, 4)), rng.standard_normal((S, 2))
+    ramp = np.linspace(0.0, 240.0, S)  # · scale 1/2: scores up to 120 apart
+    q[:, 0], k[:, 0] = 1.0, ramp if pattern == "rising" else ramp[::-1]
+    q, k, v = (a.astype(dtype) for a in (q, k, v))
+    out, lse = flash_attention(q, k, v, block_q=4, block_k=6, return_lse=True)
+    golden = scaled_dot_product_attention(_f64(q), _f64(k), _f64(v))
+    atol = 8 * float(np.finfo(dtype).eps) * 125 * float(np.abs(v).max())
+    np.testing.assert_allclose(out, golden, rtol=0, atol=atol)
+    np.testing.assert_allclose(lse, reference_lse(_f64(q), _f64(k)), rtol=0, atol=atol)
+
+
+# -------------------------------------------------------------- parts and threads
+
+
+def _problem_split_into_parts(dtype):
+    """Batch (2, 3), T = S = 300: one tile of all six heads holds 540,000 scores, more
+    than a part's 2**18, so the forward splits the batch into one part per head;
+    the mask and bias have fewer and size-1 batch dims, which the parts must broadcast."""
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((2, 3, 300, 16)).astype(dtype)
+    k = rng.standard_normal((2, 1, 300, 16)).astype(dtype)  # one k head shared by 3 q heads
+    v = rng.standard_normal((3, 300, 8)).astype(dtype)
+    mask = rng.random((2, 1, 1, 300)) < 0.8  # (B, 1, 1, S) key padding
+    mask[1, ..., :] = False  # batch row 1: no key at all, rows of 0 and lse -inf
+    bias = rng.standard_normal((3, 300, 300)).astype(dtype)  # (H, T, S)
+    return q, k, v, mask, bias
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_parts_of_the_batch_equal_the_plain_path(with_bias):
+    q, k, v, mask, bias = _problem_split_into_parts(np.float64)
+    bias = bias if with_bias else None
+    stats = FlashStats()
+    out, lse = flash_attention(q, k, v, mask, bias=bias, is_causal=True, return_lse=True,
+                               stats=stats)
+    expected = scaled_dot_product_attention(q, k, v, mask, bias=bias, is_causal=True)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-12)  # 1e-12: as above
+    expected_lse = reference_lse(q, k, mask, bias, is_causal=True)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(expected_lse))
+    finite = np.isfinite(expected_lse)
+    np.testing.assert_allclose(lse[finite], expected_lse[finite], rtol=0, atol=1e-12)
+    # One tile (300 < 512) over all batch-heads; batch row 0 has keys in it.
+    assert (stats.computed, stats.skipped) == (1, 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_threads_give_the_same_numbers_bit_for_bit(dtype):
+    # num_threads only chooses which thread computes each part; the parts, and
+    # the BLAS thread count inside them (1), are the same: equal to the last bit.
+    # num_threads=None lets BLAS use its own threads inside each matmul, which
+    # may split a matmul's output differently but not its sums: allowed 4 ulps.
+    q, k, v, mask, bias = _problem_split_into_parts(dtype)
+    for opts in ({"is_causal": True}, {"bias": bias}, {"block_q": 64, "block_k": 100}):
+        runs = {}
+        for num_threads in (None, 1, 2, 3):
+            stats = FlashStats()
+            out, lse = flash_attention(q, k, v, mask, **opts, return_lse=True,
+                                       stats=stats, num_threads=num_threads)
+            runs[num_threads] = out, lse, stats
+        for num_threads in (2, 3):
+            np.testing.assert_array_equal(runs[num_threads][0], runs[1][0])
+            np.testing.assert_array_equal(runs[num_threads][1], runs[1][1])
+            assert runs[num_threads][2] == runs[1][2]
+        eps = float(np.finfo(dtype).eps)
+        np.testing.assert_allclose(runs[None][0], runs[1][0], rtol=0, atol=4 * eps)
+        np.testing.assert_allclose(runs[None][1], runs[1][1], rtol=4 * eps, atol=0)
+        assert runs[None][2] == runs[1][2]
+
+
+def test_num_threads_is_checked():
+    q = k = v = np.zeros((3, 4))
+    with pytest.raises(AttnlabError, match="num_threads: expected an integer >= 1, got 0"):
+        flash_attention(q, k, v, num_threads=0)
+    with pytest.raises(AttnlabError, match="num_threads: expected an integer, got float 2.0"):
+        flash_attention(q, k, v, num_threads=2.0)
+
+
+def _blas_threads(threadpoolctl):
+    return [info["num_threads"] for info in threadpoolctl.threadpool_info()
+            if info["user_api"] == "blas"]
+
+
+@pytest.mark.parametrize("num_threads", [None, 1, 2])
+def test_blas_threads_are_held_during_the_call_and_restored(monkeypatch, num_threads):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    flash_module = importlib.import_module("attnlab.fast.flash")
+    q, k, v, mask, _ = _problem_split_into_parts(np.float32)
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        before = _blas_threads(threadpoolctl)
+        seen = []
+        online_softmax = flash_module._online_softmax
+
+        def spy(*args, **kwargs):
+            seen.append(_blas_threads(threadpoolctl))
+            return online_softmax(*args, **kwargs)
+
+        monkeypatch.setattr(flash_module, "_online_softmax", spy)
+        flash_attention(q, k, v, mask, num_threads=num_threads)
+        assert seen and all(s == (before if num_threads is None else [1] * len(before))
+                            for s in seen)
+        assert _blas_threads(threadpoolctl) == before
+
+        # An error in a part reaches the caller, and the setting is restored all the same.
+        def failing(*args, **kwargs):
+            raise RuntimeError("a part failed")
+
+        monkeypatch.setattr(flash_module, "_online_softmax", failing)
+        with pytest.raises(RuntimeError, match="a part failed"):
+            flash_attention(q, k, v, mask, num_threads=num_threads)
+        assert _blas_threads(threadpoolctl) == before
