@@ -797,38 +797,3 @@ def test_num_threads_is_checked():
         flash_attention(q, k, v, num_threads=0)
     with pytest.raises(AttnlabError, match="num_threads: expected an integer, got float 2.0"):
         flash_attention(q, k, v, num_threads=2.0)
-
-
-def _blas_threads(threadpoolctl):
-    return [info["num_threads"] for info in threadpoolctl.threadpool_info()
-            if info["user_api"] == "blas"]
-
-
-@pytest.mark.parametrize("num_threads", [None, 1, 2])
-def test_blas_threads_are_held_during_the_call_and_restored(monkeypatch, num_threads):
-    threadpoolctl = pytest.importorskip("threadpoolctl")
-    flash_module = importlib.import_module("attnlab.fast.flash")
-    q, k, v, mask, _ = _problem_split_into_parts(np.float32)
-    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
-        before = _blas_threads(threadpoolctl)
-        seen = []
-        online_softmax = flash_module._online_softmax
-
-        def spy(*args, **kwargs):
-            seen.append(_blas_threads(threadpoolctl))
-            return online_softmax(*args, **kwargs)
-
-        monkeypatch.setattr(flash_module, "_online_softmax", spy)
-        flash_attention(q, k, v, mask, num_threads=num_threads)
-        assert seen and all(s == (before if num_threads is None else [1] * len(before))
-                            for s in seen)
-        assert _blas_threads(threadpoolctl) == before
-
-        # An error in a part reaches the caller, and the setting is restored all the same.
-        def failing(*args, **kwargs):
-            raise RuntimeError("a part failed")
-
-        monkeypatch.setattr(flash_module, "_online_softmax", failing)
-        with pytest.raises(RuntimeError, match="a part failed"):
-            flash_attention(q, k, v, mask, num_threads=num_threads)
-        assert _blas_threads(threadpoolctl) == before
