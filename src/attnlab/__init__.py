@@ -12,15 +12,12 @@ through ``bias``. See :mod:`attnlab.masks` to convert the seeds' 0/1 masks.
 from .attention import scaled_dot_product_attention, self_attention, softmax
 from .backward import sdpa_backward, softmax_backward
 from .errors import AttnlabError, ShapeError
+from .fast.block_sparse import block_sparse_attention, block_sparse_mask
 from .fast.flash import FlashStats, flash_attention, flash_attention_backward, merge_partials
 from .fast.kv_cache import KVCache, SlidingWindowKVCache
-from .fast.lowrank import linformer_attention, nystrom_attention, performer_attention
-from .fast.sparse import (
-    block_sparse_attention,
-    block_sparse_mask,
-    sliding_window_attention,
-    sliding_window_mask,
-)
+from .fast.lowrank import linformer_attention, nystrom_attention
+from .fast.performer import performer_attention
+from .fast.sparse import sliding_window_attention, sliding_window_mask
 from .init import init_qkv, init_weight, xavier_normal, xavier_uniform
 from .lens.explain import explain, token_embeddings
 from .masks import causal_mask, from_blocked, from_keep, mask_to_bias, padding_mask
@@ -30,13 +27,10 @@ from .nn.layers import Dropout, EncoderBlock, FeedForward, LayerNorm, SelfAttent
 from .nn.multihead import MultiHeadAttention
 from .positional import (
     LearnedPositionalEmbedding,
-    RotaryEmbedding,
     SinusoidalPositionalEncoding,
-    alibi_bias,
-    alibi_slopes,
-    apply_rope,
     sinusoidal_encoding,
 )
+from .positional_relative import RotaryEmbedding, alibi_bias, alibi_slopes, apply_rope
 from .trace import Recorder, Step, Trace
 
 __version__ = "0.1.0"

@@ -79,7 +79,8 @@ HUGE = [
     (lambda: attnlab.sliding_window_mask(10**6, 3, is_causal=True),
      r"T: the sliding-window mask \(T, S\)"),
     (lambda: attnlab.block_sparse_mask(10**6, 64), r"T: the block-sparse mask \(T, S\)"),
-    (lambda: attnlab.fast.sparse.bigbird_layout(10**6), r"num_blocks: the block layout \(n, n\)"),
+    (lambda: attnlab.fast.block_sparse.bigbird_layout(10**6),
+     r"num_blocks: the block layout \(n, n\)"),
     (lambda: attnlab.alibi_bias(8, 10**5), r"num_heads, T: the bias \(H, T, S\)"),
     (lambda: attnlab.alibi_slopes(10**10), r"num_heads: the slopes \(H,\)"),
     (lambda: attnlab.sinusoidal_encoding(10**9, 512), r"max_len, d_model: the table"),
@@ -186,7 +187,7 @@ def test_unreadable_arguments_are_named(call, name):
     (lambda: attnlab.block_sparse_attention(*[np.ones((2, 3, 4))] * 3, 10**12),
      r"block_size: the rows padded to whole blocks"),
     (lambda: attnlab.token_embeddings(["a", "b"], 10**12), r"d_model: the embeddings \(T, E\)"),
-    (lambda: attnlab.positional.rope_angles(np.arange(3), 10**12),
+    (lambda: attnlab.positional_relative.rope_angles(np.arange(3), 10**12),
      r"head_dim: the angles \(T, D\)"),
 ])
 def test_more_huge_sizes_are_refused_before_allocating(call, message):

@@ -24,7 +24,8 @@ PACKAGE = Path(attnlab.__file__).parent
 LAYERS: list[tuple[str, list[str]]] = [
     ("checks", ["attnlab.errors", "attnlab.shapes"]),
     ("math", ["attnlab.special", "attnlab.init", "attnlab.masks", "attnlab.positional",
-              "attnlab.trace", "attnlab.kernel", "attnlab.attention", "attnlab.backward"]),
+              "attnlab.positional_relative", "attnlab.trace", "attnlab.kernel",
+              "attnlab.attention", "attnlab.backward"]),
     ("fast paths", ["attnlab.fast"]),
     ("modules", ["attnlab.nn"]),
     ("models", ["attnlab.models", "attnlab.torch"]),

@@ -22,10 +22,12 @@ from attnlab.fast.lowrank import (
     linformer_attention,
     linformer_projection,
     nystrom_attention,
+    segment_means,
+)
+from attnlab.fast.performer import (
     orthogonal_random_features,
     performer_attention,
     performer_features,
-    segment_means,
 )
 
 TOL = 1e-12

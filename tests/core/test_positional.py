@@ -19,16 +19,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnlab.positional as positional
+import attnlab.positional_relative as positional_relative
 from attnlab.errors import AttnlabError, ShapeError
 from attnlab.positional import (
     LearnedPositionalEmbedding,
-    RotaryEmbedding,
     SinusoidalPositionalEncoding,
+    sinusoidal_encoding,
+)
+from attnlab.positional_relative import (
+    RotaryEmbedding,
     alibi_bias,
     alibi_slopes,
     apply_rope,
     rope_angles,
-    sinusoidal_encoding,
 )
 
 # --------------------------------------------------------------------------- references
@@ -51,8 +54,9 @@ def paper_get_slopes(n: int) -> list[float]:
     )
 
 
-def test_doctests_pass() -> None:
-    results = doctest.testmod(positional)
+@pytest.mark.parametrize("module", [positional, positional_relative])
+def test_doctests_pass(module) -> None:
+    results = doctest.testmod(module)
     assert results.attempted > 0
     assert results.failed == 0
 

@@ -17,13 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import AttnlabError, ShapeError, causal_mask, scaled_dot_product_attention
-from attnlab.fast.sparse import (
-    bigbird_layout,
-    block_sparse_attention,
-    block_sparse_mask,
-    sliding_window_attention,
-    sliding_window_mask,
-)
+from attnlab.fast.block_sparse import bigbird_layout, block_sparse_attention, block_sparse_mask
+from attnlab.fast.sparse import sliding_window_attention, sliding_window_mask
 
 TOL = 1e-12
 

@@ -18,7 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.positional import SinusoidalPositionalEncoding, apply_rope, sinusoidal_encoding
+from attnlab.positional import SinusoidalPositionalEncoding, sinusoidal_encoding
+from attnlab.positional_relative import apply_rope
 
 
 class SeedPositionalEncoding(nn.Module):

@@ -366,7 +366,7 @@ def core_mha_with_positions(core, x, ctx, *, rope=None, alibi=False, is_causal=F
                             base=10000.0):
     """The NumPy reference for a module with rope/alibi, written out from the core's pieces."""
     from attnlab.nn.multihead import merge_heads
-    from attnlab.positional import alibi_bias, apply_rope
+    from attnlab.positional_relative import alibi_bias, apply_rope
 
     q, k, v = core.project(x, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
     T, S = q.shape[-2], k.shape[-2]

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnlab.positional as core
+import attnlab.positional_relative as core_relative
 import attnlab.torch as at
 from attnlab.errors import AttnlabError, ShapeError
 
@@ -55,7 +56,7 @@ def test_positional_encoding_dropout_only_in_training():
 @pytest.mark.parametrize("positions", [None, 3, [0, 5, 2, 9]])
 def test_apply_rope_matches_core(interleaved, positions):
     x = np.random.default_rng(0).standard_normal((2, 3, 4, 8))  # (B, H, T, D)
-    ref = core.apply_rope(x, positions, base=500.0, interleaved=interleaved)
+    ref = core_relative.apply_rope(x, positions, base=500.0, interleaved=interleaved)
     pos = torch.tensor(positions) if isinstance(positions, list) else positions
     ours = at.apply_rope(torch.from_numpy(x), pos, base=500.0, interleaved=interleaved)
     assert ours.dtype == torch.float64
@@ -73,7 +74,7 @@ def test_apply_rope_keeps_dtype_and_rounds_once(dtype):
 
 def test_rope_angles_match_core():
     cos, sin = at.rope_angles(torch.arange(7), 6, base=10.0, interleaved=True)
-    ref_cos, ref_sin = core.rope_angles(np.arange(7), 6, base=10.0, interleaved=True)
+    ref_cos, ref_sin = core_relative.rope_angles(np.arange(7), 6, base=10.0, interleaved=True)
     assert np.abs(cos.numpy() - ref_cos).max() <= TOL  # 1e-12: float64 cos of the same angles
     assert np.abs(sin.numpy() - ref_sin).max() <= TOL
 
@@ -82,10 +83,10 @@ def test_rope_angles_match_core():
 @given(num_heads=st.integers(1, 40), T=st.integers(0, 6), S=st.integers(0, 9))
 def test_alibi_matches_core(num_heads, T, S):
     slopes = at.alibi_slopes(num_heads).numpy()
-    ref_slopes = core.alibi_slopes(num_heads)
+    ref_slopes = core_relative.alibi_slopes(num_heads)
     assert np.abs(slopes - ref_slopes).max() <= TOL * ref_slopes.max()  # 1e-12 relative
     bias = at.alibi_bias(num_heads, T, S).numpy()
-    ref = core.alibi_bias(num_heads, T, S)
+    ref = core_relative.alibi_bias(num_heads, T, S)
     assert bias.shape == ref.shape
     # 1e-12 relative to the largest |bias| (slopes times integer distances)
     assert np.abs(bias - ref).max(initial=0.0) <= TOL * max(1.0, np.abs(ref).max(initial=0.0))

@@ -25,7 +25,7 @@ import torch
 
 import attnlab
 import attnlab.torch as at
-from attnlab import masks, positional
+from attnlab import masks, positional, positional_relative
 from attnlab.fast import kv_cache, sparse
 
 FRAMEWORK = {"device", "dtype", "generator"}  # torch's factory arguments
@@ -78,10 +78,10 @@ TWINS = [
          at.PositionalEncoding.forward),
     Twin("sinusoidal_encoding", positional.sinusoidal_encoding, at.sinusoidal_encoding,
          torch_only={"device"}),
-    Twin("rope_angles", positional.rope_angles, at.rope_angles, torch_only={"device"}),
-    Twin("apply_rope", positional.apply_rope, at.apply_rope),
-    Twin("alibi_slopes", positional.alibi_slopes, at.alibi_slopes, torch_only={"device"}),
-    Twin("alibi_bias", positional.alibi_bias, at.alibi_bias, torch_only={"device"}),
+    Twin("rope_angles", positional_relative.rope_angles, at.rope_angles, torch_only={"device"}),
+    Twin("apply_rope", positional_relative.apply_rope, at.apply_rope),
+    Twin("alibi_slopes", positional_relative.alibi_slopes, at.alibi_slopes, torch_only={"device"}),
+    Twin("alibi_bias", positional_relative.alibi_bias, at.alibi_bias, torch_only={"device"}),
     Twin("KVCache", kv_cache.KVCache, at.KVCache, torch_only={"device"},
          dtype_defaults_differ=True),  # float64 like the NumPy core, float32 like torch
     Twin("SlidingWindowKVCache", kv_cache.SlidingWindowKVCache, at.SlidingWindowKVCache,

@@ -3,6 +3,8 @@ and is tested against it (its plain twin).
 
 - :mod:`~attnlab.fast.flash`: tiled attention with an online softmax, O(T + S) memory;
 - :mod:`~attnlab.fast.kv_cache`: cached keys and values for decoding;
-- :mod:`~attnlab.fast.sparse`: sliding-window and block-sparse attention;
-- :mod:`~attnlab.fast.lowrank`: Linformer, Nyström and Performer approximations.
+- :mod:`~attnlab.fast.sparse`: sliding-window attention;
+- :mod:`~attnlab.fast.block_sparse`: block-sparse (BigBird) attention;
+- :mod:`~attnlab.fast.lowrank`: Linformer and Nyström approximations;
+- :mod:`~attnlab.fast.performer`: the Performer (FAVOR+) approximation.
 """

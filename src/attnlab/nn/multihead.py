@@ -38,7 +38,7 @@ from ..errors import (
 )
 from ..init import as_rng, init_weight
 from ..kernel import abs_max, attend, check_mask_and_bias, check_score_range
-from ..positional import RotaryEmbedding, alibi_bias
+from ..positional_relative import RotaryEmbedding, alibi_bias
 from ..trace import Recorder
 
 __all__ = ["MultiHeadAttention", "linear", "split_heads", "merge_heads"]
@@ -66,7 +66,7 @@ class MultiHeadAttention:
         Wq (E, H*D), Wk (Ekv, Hkv*D), Wv (Ekv, Hkv*Dv), Wo (H*Dv, E_out)
         bq (H*D,), bk (Hkv*D,), bv (Hkv*Dv,), bo (E_out,) — optional biases
         num_heads H, num_kv_heads Hkv (default H; H must be a multiple of Hkv)
-        rope   an :class:`attnlab.positional.RotaryEmbedding` applied to queries and
+        rope   an :class:`attnlab.positional_relative.RotaryEmbedding` applied to queries and
                keys per head: keys at positions 0 .. S-1, queries at S-T .. S-1
                (bottom-right, as ``is_causal``), so T <= S is required
         alibi  add ``alibi_bias(H, T, S)`` to the scores (combine with ``is_causal``)
@@ -142,7 +142,7 @@ class MultiHeadAttention:
         if self.rope is not None:
             if not isinstance(self.rope, RotaryEmbedding):
                 raise AttnlabError(
-                    f"rope: expected an attnlab.positional.RotaryEmbedding or None, "
+                    f"rope: expected an attnlab.positional_relative.RotaryEmbedding or None, "
                     f"got {type(self.rope).__name__}"
                 )
             if self.rope.head_dim != D:

@@ -44,8 +44,9 @@ import numpy as np
 
 from ..attention import scaled_dot_product_attention
 from ..errors import AttnlabError, check_positive_int
-from ..fast.lowrank import orthogonal_random_features, performer_attention
-from ..fast.sparse import block_sparse_attention, sliding_window_attention
+from ..fast.block_sparse import block_sparse_attention
+from ..fast.performer import orthogonal_random_features, performer_attention
+from ..fast.sparse import sliding_window_attention
 from ..kernel import MAX_SCORE_ELEMENTS
 from .approx_methods import METHODS
 from .approx_report import summarize

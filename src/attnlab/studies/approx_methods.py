@@ -13,14 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..fast.lowrank import (
-    linformer_attention,
-    linformer_projection,
-    nystrom_attention,
-    orthogonal_random_features,
-    performer_attention,
-)
-from ..fast.sparse import block_sparse_attention, sliding_window_attention
+from ..fast.block_sparse import block_sparse_attention
+from ..fast.lowrank import linformer_attention, linformer_projection, nystrom_attention
+from ..fast.performer import orthogonal_random_features, performer_attention
+from ..fast.sparse import sliding_window_attention
 
 __all__ = ["METHODS", "METHOD_LABELS", "Method"]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import make_folder
-from ..fast.sparse import block_sparse_mask, sliding_window_mask
+from ..fast.block_sparse import block_sparse_mask
+from ..fast.sparse import sliding_window_mask
 from ..report.figures import new_figure, save_figure
 from ..report.heatmaps import plot_attention
 from .approx_methods import METHOD_LABELS, METHODS

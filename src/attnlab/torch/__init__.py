@@ -22,8 +22,9 @@ attnlab.torch                                      NumPy core
 ``LayerNorm(d_model)``                             ``attnlab.LayerNorm``
 ``KVCache``, ``SlidingWindowKVCache``              the same names in ``attnlab``
 ``PositionalEncoding(d_model)``                    ``positional.SinusoidalPositionalEncoding``
-``sinusoidal_encoding``, ``apply_rope``,           the same names in ``attnlab.positional``
-``rope_angles``, ``alibi_slopes``, ``alibi_bias``
+``sinusoidal_encoding``                            the same name in ``attnlab.positional``
+``apply_rope``, ``rope_angles``,                   the same names in
+``alibi_slopes``, ``alibi_bias``                   ``attnlab.positional_relative``
 ``from_numpy(obj)`` / ``to_numpy(module)``         move parameters between the two
 =================================================  =========================================
 

@@ -379,10 +379,10 @@ class MultiHeadAttention(nn.Module):
     def to_numpy(self) -> np_multihead.MultiHeadAttention:
         """The NumPy :class:`attnlab.MultiHeadAttention` with these parameters.
 
-        RoPE and ALiBi carry over (a :class:`attnlab.positional.RotaryEmbedding`
+        RoPE and ALiBi carry over (a :class:`attnlab.positional_relative.RotaryEmbedding`
         with the same base and layout, and ``alibi=True``).
         """
-        from ..positional import RotaryEmbedding
+        from ..positional_relative import RotaryEmbedding
 
         rope = (RotaryEmbedding(self.head_dim, base=self.rope_base,
                                 interleaved=self.rope_interleaved) if self.rope else None)

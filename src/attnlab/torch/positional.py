@@ -217,7 +217,7 @@ def rope_angles(
     device: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (T,) -> (T, D), (T, D)
     """Cosines and sines of ``positions[t] * theta_i``, ``theta_i = base**(-2i / D)``, float64;
-    behaves identically to :func:`attnlab.positional.rope_angles`.
+    behaves identically to :func:`attnlab.positional_relative.rope_angles`.
 
     >>> cos, sin = rope_angles(torch.arange(3), 4)
     >>> cos.shape, sin.shape
@@ -248,7 +248,7 @@ def apply_rope(
     x: torch.Tensor, positions: Any = None, *, base: float = 10000.0, interleaved: bool = False
 ) -> torch.Tensor:  # (..., T, D) -> (..., T, D)
     """Rotate each pair of features of ``x`` by ``positions[t] * theta_i`` (RoPE); behaves
-    identically to :func:`attnlab.positional.apply_rope`.
+    identically to :func:`attnlab.positional_relative.apply_rope`.
 
     Equivalent to (``interleaved=False``, GPT-NeoX / LLaMA pairing i with i + D/2)::
 
@@ -303,7 +303,7 @@ def rotate(
 
 def alibi_slopes(num_heads: int, *, device: Any = None) -> torch.Tensor:  # -> (H,)
     """The per-head ALiBi slopes, float64; behaves identically to
-    :func:`attnlab.positional.alibi_slopes` (non-powers of two as in the paper's code).
+    :func:`attnlab.positional_relative.alibi_slopes` (non-powers of two as in the paper's code).
 
     >>> alibi_slopes(4).tolist()
     [0.25, 0.0625, 0.015625, 0.00390625]
@@ -334,7 +334,7 @@ def alibi_bias(
     device: Any = None,
 ) -> torch.Tensor:  # -> (H, T, S)
     """ALiBi bias ``-slope[h] * |pos_i - j|`` with query i at ``pos_i = S - T + i``; behaves
-    identically to :func:`attnlab.positional.alibi_bias`. Pass it as ``bias``, and a
+    identically to :func:`attnlab.positional_relative.alibi_bias`. Pass it as ``bias``, and a
     causal mask as ``mask`` (or ``is_causal=True``) for a causal model.
 
     >>> alibi_bias(8, 2, 5).shape
