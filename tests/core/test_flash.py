@@ -142,8 +142,8 @@ def problems(draw, max_len=40):
 def _scores_in_base(base):
     """Flash makes scores in base 2 where NumPy's exp2 is SIMD code, else in base e:
     force either, so that both are tested on every machine."""
-    flash_module = importlib.import_module("attnlab.fast.flash")
-    with mock.patch.object(flash_module, "_exp2_is_vectorised", lambda dtype: base == 2):
+    tiles_module = importlib.import_module("attnlab.fast.flash_tiles")
+    with mock.patch.object(tiles_module, "exp2_is_vectorised", lambda dtype: base == 2):
         yield
 
 

@@ -33,18 +33,18 @@ def _blas_threads():
 
 @pytest.mark.parametrize("num_threads", [None, 1, 2])
 def test_blas_threads_are_held_during_the_call_and_restored(monkeypatch, num_threads):
-    flash_module = importlib.import_module("attnlab.fast.flash")
+    tiles_module = importlib.import_module("attnlab.fast.flash_tiles")
     q, k, v, mask = _problem_split_into_parts(np.float32)
     with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
         before = _blas_threads()
         seen = []
-        online_softmax = flash_module._online_softmax
+        online_softmax = tiles_module.online_softmax
 
         def spy(*args, **kwargs):
             seen.append(_blas_threads())
             return online_softmax(*args, **kwargs)
 
-        monkeypatch.setattr(flash_module, "_online_softmax", spy)
+        monkeypatch.setattr(tiles_module, "online_softmax", spy)
         flash_attention(q, k, v, mask, num_threads=num_threads)
         assert seen and all(s == (before if num_threads is None else [1] * len(before))
                             for s in seen)
@@ -54,7 +54,7 @@ def test_blas_threads_are_held_during_the_call_and_restored(monkeypatch, num_thr
         def failing(*args, **kwargs):
             raise RuntimeError("a part failed")
 
-        monkeypatch.setattr(flash_module, "_online_softmax", failing)
+        monkeypatch.setattr(tiles_module, "online_softmax", failing)
         with pytest.raises(RuntimeError, match="a part failed"):
             flash_attention(q, k, v, mask, num_threads=num_threads)
         assert _blas_threads() == before

@@ -1,0 +1,189 @@
+"""The parts and threads of :mod:`attnlab.fast.flash`, and the helpers of its backward.
+
+The forward's work is cut into parts, one block of queries of a few batch-heads
+each, that share nothing but their inputs: ``num_threads`` runs them on a pool
+of threads (NumPy lets go of the GIL inside matmul and ufuncs), each with BLAS
+held to one thread. The backward rebuilds each tile's weights from the
+forward's float64 log-sum-exp, split here into two parts in the scores' dtype,
+and recomputes it exactly for rows under a huge finite fill.
+
+Dimension legend: T query length, S key length, D head dim, Dv value dim,
+bq × bk a tile; ``...`` is any number of leading batch dims.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
+from . import flash_tiles
+from .flash_tiles import SKIP, ScoreUnits, Tiles
+
+#: A part of the work holds at most this many scores per tile (its batch-heads ×
+#: block_q × block_k), unless one batch-head's tile is larger already: the
+#: leading batch dims are split until a tile fits in a core's cache (1 MiB in
+#: float32). Tiles of 8 heads at once (4 MiB) ran ~10% slower.
+PART_SCORES = 2**18
+
+_Result = TypeVar("_Result")
+
+
+def split_batch(batch: tuple[int, ...], tile: int) -> int:
+    """How many leading batch dims to split into parts: the fewest that fit a part's tile.
+
+    ``tile`` is one batch-head's tile (block_q × block_k, clipped to T and S). A
+    part covers the batch dims after the split ones, and their tile together
+    must hold at most PART_SCORES, unless even one batch-head's does not.
+    """
+    for split in range(len(batch)):
+        if math.prod(batch[split:]) * tile <= PART_SCORES:
+            return split
+    return len(batch)
+
+
+def run_parts(
+    work: Callable[[Any], _Result], parts: Sequence[Any], num_threads: int | None
+) -> list[_Result]:
+    """``[work(part) for part in parts]``, on ``num_threads`` threads with BLAS held to one.
+
+    None: in the calling thread, BLAS untouched. The parts must write to
+    disjoint memory; results come back in the order of ``parts``.
+    """
+    if num_threads is None:
+        return [work(part) for part in parts]
+    with _blas_held_to_one_thread() as held:
+        if not held or num_threads == 1 or len(parts) < 2:
+            return [work(part) for part in parts]
+        with ThreadPoolExecutor(max_workers=min(num_threads, len(parts))) as pool:
+            return list(pool.map(work, parts))
+
+
+@contextmanager
+def _blas_held_to_one_thread() -> Iterator[bool]:
+    """Inside the block NumPy's BLAS uses one thread, restored on exit; False if not possible.
+
+    threadpoolctl is optional (the core depends on NumPy alone): without it
+    nothing is changed, and the block is told so.
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield False
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield True
+
+
+#: A row whose |lse| exceeds this came from a huge finite fill (-1e9, finfo.min)
+#: over all its keys: float64 then rounds away part of log Σ exp, so
+#: flash_attention_backward recomputes such a row's reference from its scores.
+#: Real scores never get near it (softmax saturates long before).
+_LSE_EXACT_LIMIT = 2.0**20
+
+
+def split_lse(lse: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 lse (..., T) as high + low parts in ``dtype``, each (..., T, 1).
+
+    Subtracting high then low from a tile of scores keeps the lse's fractional
+    part without a float64 pass over the tile. A row with lse = -inf (nothing
+    to attend to) gets high = +inf, low = 0: exp(s - inf) = 0, never -inf - -inf.
+    """
+    shift = np.where(lse == -np.inf, np.inf, lse)[..., None]  # (..., T, 1)
+    high = shift.astype(dtype)  # (..., T, 1)
+    with np.errstate(invalid="ignore"):  # inf - inf in the empty rows, set to 0 below
+        low = (shift - high).astype(dtype)  # (..., T, 1)
+    low[np.isinf(shift)] = 0.0
+    return high, low
+
+
+def exact_references(
+    high: np.ndarray, low: np.ndarray, q_full: np.ndarray, k_t: np.ndarray,
+    scale: np.floating, tiles: Tiles, block_q: int, block_k: int, units: ScoreUnits,
+) -> None:
+    """Recompute (high, low) = (ref, log Σ exp(s - ref)) for query blocks with a huge lse.
+
+    Shapes: high, low (..., T, 1), updated in place; q_full (..., T, D); k_t (..., D, S).
+    Everything in ``units``, ``scale`` included.
+    Only blocks holding a row with finite |lse| > _LSE_EXACT_LIMIT are redone,
+    with the forward's own online softmax (sums only).
+    """
+    T, S = q_full.shape[-2], k_t.shape[-1]
+    huge = np.isfinite(high) & (np.abs(high) > _LSE_EXACT_LIMIT)  # (..., T, 1)
+    if not huge.any():
+        return
+    dtype = high.dtype
+    ones = np.ones((S, 1), dtype=dtype)  # (S, 1): p @ ones gives Σ p
+    for q0 in range(0, T, block_q):
+        q1 = min(q0 + block_q, T)
+        if not huge[..., q0:q1, :].any():
+            continue
+        acc, ref = flash_tiles.online_softmax(
+            q_full[..., q0:q1, :] * scale, q0, q1, k_t, ones, tiles, block_k, units, None
+        )
+        row_sum = acc[..., -1:]  # (..., bq, 1)
+        empty = row_sum == 0.0
+        with np.errstate(divide="ignore"):
+            high[..., q0:q1, :] = np.where(empty, np.inf, 0.0 if ref is None else ref)
+            low[..., q0:q1, :] = np.where(empty, 0.0, units.log(np.where(empty, 1.0, row_sum)))
+
+
+def softmax_deltas(
+    tile_weights: Callable[[int, int, int, int, np.ndarray | None], np.ndarray],
+    dout: np.ndarray, v_t: np.ndarray, tiles: Tiles, batch: tuple[int, ...], T: int, S: int,
+    block_q: int, block_k: int, dtype: np.dtype,
+) -> np.ndarray:
+    """The softmax-backward row sums δ (..., T, 1) of flash_attention_backward.
+
+    Shapes: dout (..., T, Dv) = ∂L/∂out; v_t (..., Dv, S);
+    ``tile_weights(q0, q1, k0, k1, blocked)`` gives a tile's recomputed weights
+    P (..., bq, bk).
+    """
+    # δ = Σ_S P ⊙ dP / Σ_S P, from the same P and dP tiles that the main pass
+    # uses (a first pass over the tiles). FlashAttention-2 takes δ = rowsum(dout
+    # ⊙ out) instead, equal in exact arithmetic and one pass cheaper, but it
+    # carries the forward's rounding of ``out``, independent of the dP it is
+    # subtracted from: float32 dq came out ~2-3x less accurate than the plain
+    # backward's on some BLAS kernels. Dividing by Σ P (1 up to the rounding of
+    # lse) makes δ the mean of dP under the very weights the main pass uses, so
+    # that dP - δ cancels as in the plain path: a query that sees one key gets dq = 0.
+    # This pass costs two of the backward's seven tile matmuls.
+    weighted = np.zeros((*batch, T, 2), dtype=dtype)  # (..., T, 2) [Σ P dP, Σ P]
+    for q0 in range(0, T, block_q):
+        q1 = min(q0 + block_q, T)
+        for k0 in range(0, S, block_k):
+            k1 = min(k0 + block_k, S)
+            blocked = tiles.blocked(q0, q1, k0, k1, None)
+            if blocked is SKIP:
+                continue
+            weights = tile_weights(q0, q1, k0, k1, blocked)  # (..., bq, bk) P
+            dscores = np.matmul(dout[..., q0:q1, :], v_t[..., k0:k1])  # (..., bq, bk) dP
+            dscores *= weights
+            weighted[..., q0:q1, 0] += dscores.sum(axis=-1)  # (..., bq)
+            weighted[..., q0:q1, 1] += weights.sum(axis=-1)  # (..., bq)
+    total = weighted[..., 1:]  # (..., T, 1)
+    delta = weighted[..., :1] / np.where(total == 0.0, 1.0, total)  # (..., T, 1)
+    return delta
+
+
+def as_forward(
+    arr: Any, name: str, shape: tuple[int, ...], layout: str, dtype: np.dtype,
+    *, allow_neginf: bool = False,
+) -> np.ndarray:
+    """Validate a forward result handed back (out, lse): exact shape, finite (or -inf) values."""
+    converted = as_float_array(arr, name, allow_nonfinite=allow_neginf)
+    if allow_neginf and (np.isnan(converted).any() or np.isposinf(converted).any()):
+        raise AttnlabError(f"{name}: expected finite values or -inf, got NaN or +inf")
+    if converted.shape != shape:
+        raise ShapeError(
+            f"{name}: expected the forward's {layout} = {shape_str(shape)}, "
+            f"got {shape_str(converted.shape)}"
+        )
+    return converted.astype(dtype, copy=False)
+
+
