@@ -38,7 +38,7 @@ from ..errors import (
     shape_str,
 )
 from ..kernel import check_inputs, check_key_padding
-from .sparse import attend_subset, unpack_inputs
+from .sparse import attend_subset
 
 __all__ = [
     "bigbird_layout",
@@ -253,8 +253,9 @@ def block_sparse_attention(
     >>> block_sparse_attention(x, x, x, 4).shape   # 3 blocks: 4 + 4 + 2 rows
     (10, 4)
     """
-    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = unpack_inputs(
-        check_inputs(q, k, v, scale=scale, tiled=True)
+    inputs = check_inputs(q, k, v, scale=scale, tiled=True)
+    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = (
+        inputs.q, inputs.k, inputs.v, inputs.batch, inputs.scale, inputs.out_dtype
     )
     T, S = q_arr.shape[-2], k_arr.shape[-2]
     block_size = check_positive_int(block_size, "block_size")

@@ -1,7 +1,6 @@
 """Low-rank and kernel approximations of attention: Linformer, Nyström, Performer.
 
-Performer (FAVOR+) is in :mod:`attnlab.fast.performer`; it shares this module's
-input unpacking (:func:`unpack_inputs`).
+Performer (FAVOR+) is in :mod:`attnlab.fast.performer`.
 
 Unlike :mod:`attnlab.fast.sparse`, these are *approximations*: they do not equal
 softmax attention for any mask, and :mod:`attnlab.studies.approx` measures by how
@@ -36,7 +35,7 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
-from ..kernel import AttentionInputs, check_inputs, stable_softmax
+from ..kernel import check_inputs, stable_softmax
 
 __all__ = [
     "linformer_projection",
@@ -51,12 +50,6 @@ def _no_causal(is_causal: Any, method: str, why: str) -> None:
     if check_flag(is_causal, "is_causal"):
         raise AttnlabError(f"is_causal: {method} has no causal form ({why}); got is_causal=True")
 
-
-def unpack_inputs(
-    inputs: AttentionInputs,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...], float, np.dtype]:
-    """q, k, v, batch dims, scale and output dtype of checked inputs (no T × S cap)."""
-    return inputs.q, inputs.k, inputs.v, inputs.batch, inputs.scale, inputs.out_dtype
 
 
 # ------------------------------------------------------------------------ Linformer
@@ -142,8 +135,9 @@ def linformer_attention(
     True
     """
     _no_causal(is_causal, "Linformer", "each of its k rows mixes all S positions, future included")
-    q_arr, k_arr, v_arr, _, scale_value, out_dtype = unpack_inputs(
-        check_inputs(q, k, v, scale=scale, tiled=True)
+    inputs = check_inputs(q, k, v, scale=scale, tiled=True)
+    q_arr, k_arr, v_arr, scale_value, out_dtype = (
+        inputs.q, inputs.k, inputs.v, inputs.scale, inputs.out_dtype
     )
     S = k_arr.shape[-2]
     E_arr = _check_projection(key_proj, "key_proj", S, q_arr.dtype)
@@ -267,8 +261,9 @@ def nystrom_attention(
     True
     """
     _no_causal(is_causal, "Nyström attention", "its landmarks average over future positions")
-    q_arr, k_arr, v_arr, _, scale_value, out_dtype = unpack_inputs(
-        check_inputs(q, k, v, scale=scale, tiled=True)
+    inputs = check_inputs(q, k, v, scale=scale, tiled=True)
+    q_arr, k_arr, v_arr, scale_value, out_dtype = (
+        inputs.q, inputs.k, inputs.v, inputs.scale, inputs.out_dtype
     )
     T, S = q_arr.shape[-2], k_arr.shape[-2]
     m = check_positive_int(num_landmarks, "num_landmarks")

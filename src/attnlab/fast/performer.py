@@ -28,7 +28,6 @@ from ..errors import (
     shape_str,
 )
 from ..kernel import check_inputs, check_key_padding
-from .lowrank import unpack_inputs
 
 __all__ = [
     "orthogonal_random_features",
@@ -118,9 +117,8 @@ def performer_features(
     if q_arr.ndim < 2 or k_arr.ndim < 2 or q_arr.shape[-1] != k_arr.shape[-1]:
         raise ShapeError(f"q, k: expected (..., T, D) and (..., S, D) with the same D, got "
                          f"{shape_str(q_arr.shape)} and {shape_str(k_arr.shape)}")
-    q_arr, k_arr, _, batch, scale_value, _ = unpack_inputs(
-        check_inputs(q_arr, k_arr, k_arr[..., :1], scale=scale, tiled=True)
-    )
+    inputs = check_inputs(q_arr, k_arr, k_arr[..., :1], scale=scale, tiled=True)
+    q_arr, k_arr, batch, scale_value = inputs.q, inputs.k, inputs.batch, inputs.scale
     padding = check_key_padding(key_padding, batch, k_arr.shape[-2])
     omega = _check_features(projection, q_arr.shape[-1], q_arr.dtype)
     root = np.asarray(np.sqrt(scale_value), dtype=q_arr.dtype)
@@ -178,8 +176,9 @@ def performer_attention(
     >>> performer_attention(x, x, x, 16, is_causal=True).shape
     (6, 4)
     """
-    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = unpack_inputs(
-        check_inputs(q, k, v, scale=scale, tiled=True)
+    inputs = check_inputs(q, k, v, scale=scale, tiled=True)
+    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = (
+        inputs.q, inputs.k, inputs.v, inputs.batch, inputs.scale, inputs.out_dtype
     )
     D = q_arr.shape[-1]
     is_causal = check_flag(is_causal, "is_causal")

@@ -36,19 +36,13 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
-from ..kernel import AttentionInputs, attend, check_inputs, check_key_padding
+from ..kernel import attend, check_inputs, check_key_padding
 
 __all__ = [
     "sliding_window_mask",
     "sliding_window_attention",
 ]
 
-
-def unpack_inputs(
-    inputs: AttentionInputs,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...], float, np.dtype]:
-    """q, k, v, batch dims, scale and output dtype of checked inputs (no T × S cap)."""
-    return inputs.q, inputs.k, inputs.v, inputs.batch, inputs.scale, inputs.out_dtype
 
 
 # ----------------------------------------------------------------------- validation
@@ -218,8 +212,9 @@ def sliding_window_attention(
     >>> sliding_window_attention(x, x, x, 3, is_causal=True).shape
     (6, 4)
     """
-    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = unpack_inputs(
-        check_inputs(q, k, v, scale=scale, tiled=True)
+    inputs = check_inputs(q, k, v, scale=scale, tiled=True)
+    q_arr, k_arr, v_arr, batch, scale_value, out_dtype = (
+        inputs.q, inputs.k, inputs.v, inputs.batch, inputs.scale, inputs.out_dtype
     )
     T, S, Dv = q_arr.shape[-2], k_arr.shape[-2], v_arr.shape[-1]
     is_causal = check_flag(is_causal, "is_causal")
