@@ -200,7 +200,7 @@ def flash_attention(
     batch = inputs.batch
     tiles = Tiles(T, S, allowed, bias_arr, inputs.is_causal)
     # Broadcast batch dims can make the output far larger than any input.
-    check_alloc((*batch, T, Dv + 1), dtype, "the running sums (..., T, Dv + 1)", "q, k, v")
+    check_alloc((*batch, T, Dv), dtype, "the output (..., T, Dv)", "q, k, v")
 
     units = score_units(q_arr, k_arr, scale_value, bias_arr)
     scale_typed = dtype.type(scale_value * units.per_nat)  # folded into q: scores in units
@@ -305,7 +305,8 @@ def flash_attention_backward(
     T, D, S, Dv = *q_arr.shape[-2:], k_arr.shape[-2], v_arr.shape[-1]
     batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
     tiles = Tiles(T, S, allowed, bias_arr, inputs.is_causal)
-    check_alloc((*batch, T + S, D + Dv), dtype, "the gradients dq, dk, dv", "q, k, v")
+    for name, shape in (("dq", (*batch, T, D)), ("dk", (*batch, S, D)), ("dv", (*batch, S, Dv))):
+        check_alloc(shape, dtype, f"the gradient {name}", "q, k, v")
     as_forward(out, "out", (*batch, T, Dv), "(..., T, Dv)", dtype)
     lse_arr = as_forward(lse, "lse", (*batch, T), "(..., T)", _LSE_DTYPE, allow_neginf=True)
     dout_arr = check_upstream(dout, (*batch, T, Dv), "(..., T, Dv)", dtype)
