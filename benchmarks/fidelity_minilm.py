@@ -9,7 +9,7 @@ import os
 import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "models"))
 import numpy as np
 import torch
 import transformers
