@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System packages attnlab's set-up needs, installed only when missing:
 #   fonts-noto-cjk   glyphs for Chinese labels in heatmaps (小明 / 去了 / 学校)
-#   chromium         the headless browser tests/test_browser.py drives through Playwright
+#   chromium         the headless browser tests/browser/test_browser.py drives through Playwright
 #   chromium-driver  (Playwright's own browser download needs the network; Debian's does not)
 set -euo pipefail
 
