@@ -223,17 +223,21 @@ def causal_allowed(T: int, S: int, device: Any = None) -> torch.Tensor:  # -> (T
 
 
 def window_allowed(
-    query_pos: torch.Tensor, key_pos: torch.Tensor, window: int, is_causal: bool,
-    global_pos: Sequence[int] = (),
+    query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | tuple[int, int],
+    is_causal: bool, global_pos: Sequence[int] = (),
 ) -> torch.Tensor:  # (T,), (S,) -> (T, S)
     """The sliding-window rule on positions, as :func:`attnlab.fast.sparse.sliding_window_mask`.
 
     ``is_causal``: the W most recent keys, itself included (p - W < j <= p); else
-    the query and (W - 1) / 2 keys on each side. ``global_pos``: keys every query
-    sees and queries that see every key (still cut at j <= p when causal).
+    the query and (W - 1) / 2 keys on each side. A checked pair (left, right) of
+    ints: p - left <= j <= p + right. ``global_pos``: keys every query sees and
+    queries that see every key (still cut at j <= p when causal).
     """
     offset = key_pos[None, :] - query_pos[:, None]  # (T, S): key position - query position
-    if is_causal:
+    if isinstance(window, tuple):
+        left, right = window
+        allowed = (offset >= -left) & (offset <= right)  # (T, S)
+    elif is_causal:
         allowed = (offset <= 0) & (offset > -window)  # (T, S)
     else:
         allowed = offset.abs() <= (window - 1) // 2  # (T, S)

@@ -91,7 +91,7 @@ def window_mask(
 
 def sliding_window_mask(
     T: int,
-    window: int,
+    window: Any,
     *,
     is_causal: bool,
     S: int | None = None,
@@ -125,7 +125,13 @@ def sliding_window_mask(
     sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     is_causal = check_flag(is_causal, "is_causal")
-    W = check_window(window, is_causal)
+    W: int | tuple[int, int]
+    if isinstance(window, tuple | list):  # FlashAttention's (left, right), -1 = unbounded
+        pair = check_window_pair(window, is_causal)
+        assert pair is not None
+        W = (T + S if pair[0] is None else pair[0], T + S if pair[1] is None else pair[1])
+    else:
+        W = check_window(window, is_causal)
     global_pos = check_positions(_position_list(global_tokens), "global_tokens", S)
     check_alloc((T, S), torch.bool, "the sliding-window mask (T, S)", sizes)
     query_pos = torch.arange(T, device=device) + (S - T)  # (T,)
