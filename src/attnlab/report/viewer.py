@@ -304,7 +304,7 @@ def encode_weights(weights: np.ndarray) -> dict[str, Any]:
     divisor = np.where(row_max > 0, row_max, 1.0)[..., None].astype(np.float64)
     codes = np.rint(np.clip(w / divisor, 0.0, 1.0) * levels)  # (L, H, T, S)
     blob = row_max.astype("<f4").tobytes() + codes.astype("<u2" if bits == 16 else "u1").tobytes()
-    return {"bits": bits, "data": base64.b64encode(zlib.compress(blob, 9)).decode("ascii")}
+    return {"bits": bits, "data": base64.b64encode(zlib.compress(blob, 6)).decode("ascii")}
 
 
 def decode_weights(encoded: dict[str, Any], shape: Sequence[int]) -> np.ndarray:
