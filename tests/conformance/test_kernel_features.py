@@ -411,3 +411,70 @@ def test_bad_options_are_named(kwargs, message):
             flash_attention(q, k, v, **kwargs)
     with pytest.raises(AttnlabError, match=message):
         at.scaled_dot_product_attention(*(torch.tensor(a) for a in (q, k, v)), **kwargs)
+
+
+# ------------------------------------------------------------ the README's window table
+# Each row: the peer's own mask, built as its code builds it, against attnlab's setting;
+# then attention with attnlab's window against attention with the peer's mask.
+
+def hf_current(T, S, W):  # transformers sliding_window_overlay & causal: kv > q - W, kv <= q
+    q_idx, kv_idx = np.arange(T)[:, None] + (S - T), np.arange(S)[None, :]
+    return (kv_idx > q_idx - W) & (kv_idx <= q_idx)
+
+
+def hf_old(T, S, W):  # AttentionMaskConverter._make_causal_mask(sliding_window=W), 0 = attend
+    past = S - T
+    causal = np.arange(S)[None, :] <= np.arange(T)[:, None] + past
+    context = np.tril(np.ones((T, S), dtype=bool), k=past - W - 1)
+    return causal & ~context
+
+
+def hf_bidirectional(T, S, W):  # |q - kv| <= W, positions aligned at the end
+    return np.abs(np.arange(T)[:, None] + (S - T) - np.arange(S)[None, :]) <= W
+
+
+def fa_window_size(T, S, left, right, causal):  # construct_local_mask, right = 0 if causal
+    return ~fa_local_mask(T, S, (left, 0 if causal else right))[0, 0]
+
+
+def jax_local_window(T, S, window):  # jax.nn.dot_product_attention's _apply_masks
+    left, right = (window, window) if isinstance(window, int) else window
+    qpos, kpos = np.arange(T)[:, None], np.arange(S)[None, :]
+    return (qpos <= kpos + left) & (qpos >= kpos - right)
+
+
+def mistral_reference(T, W):  # one_file_ref.py: triu(tril(ones, 0), -sliding_window)
+    return np.triu(np.tril(np.ones((T, T), dtype=bool), 0), -W)
+
+
+README_ROWS = [
+    ("hf current", lambda T, S: hf_current(T, S, 4), dict(window=4, is_causal=True)),
+    ("hf current as a pair", lambda T, S: hf_current(T, S, 4),
+     dict(window=(3, 0), is_causal=True)),
+    ("hf old", lambda T, S: hf_old(T, S, 4), dict(window=(4, 0), is_causal=True)),
+    ("hf bidirectional", lambda T, S: hf_bidirectional(T, S, 3), dict(window=(3, 3))),
+    ("flash_attn", lambda T, S: fa_window_size(T, S, 5, 2, False), dict(window=(5, 2))),
+    ("flash_attn causal", lambda T, S: fa_window_size(T, S, 5, 2, True),
+     dict(window=(5, 2), is_causal=True)),
+    ("jax pair", lambda T, S: jax_local_window(T, S, (2, 3)),
+     dict(window=(2, 3), causal_alignment="top_left")),
+    ("jax int", lambda T, S: jax_local_window(T, S, 2),
+     dict(window=(2, 2), causal_alignment="top_left")),
+    # Mistral's reference builds the square prefill mask; T new queries are its last T rows.
+    ("mistral", lambda T, S: mistral_reference(S, 4)[S - T:], dict(window=(4, 0), is_causal=True)),
+]
+
+
+@pytest.mark.parametrize("T,S", [(12, 12), (7, 15)])
+@pytest.mark.parametrize("name,peer_mask,options", README_ROWS, ids=[r[0] for r in README_ROWS])
+def test_readme_window_table(name, peer_mask, options, T, S):
+    peer = peer_mask(T, S)
+    ours = window_mask(T, S, **options)
+    assert np.array_equal(ours, peer), f"{name}: attnlab's {options} is not the peer's mask"
+    q, k, v, _ = qkv(T + S, 1, 2, 2, T, S)
+    expected = attnlab.scaled_dot_product_attention(q, k, v, peer)
+    for out in (attnlab.scaled_dot_product_attention(q, k, v, **options),
+                flash_attention(q, k, v, **BLOCKS, **options),
+                at.scaled_dot_product_attention(*(torch.tensor(a) for a in (q, k, v)),
+                                                **options).numpy()):
+        assert_close(out, expected, atol=F64_TOL, what=name)
