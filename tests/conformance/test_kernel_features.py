@@ -27,6 +27,7 @@ float32 ulp at 1) for the gradient sums.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -478,3 +479,41 @@ def test_readme_window_table(name, peer_mask, options, T, S):
                 at.scaled_dot_product_attention(*(torch.tensor(a) for a in (q, k, v)),
                                                 **options).numpy()):
         assert_close(out, expected, atol=F64_TOL, what=name)
+
+
+# ------------------------------------------------------------------------------ bfloat16
+# NumPy bfloat16 (ml_dtypes) is computed in float32 and returned as bfloat16, as torch
+# does on CPU. The golden is float64 on the same bfloat16 values; torch's own bfloat16
+# F.scaled_dot_product_attention (and autograd) is the baseline of the 2x rule.
+
+@pytest.mark.parametrize("options", [dict(is_causal=True), dict(window=(5, 3), softcap=4.0)],
+                         ids=["causal", "window+softcap"])
+def test_bfloat16_inputs_compute_in_float32_like_torch_on_cpu(options):
+    bf16 = ml_dtypes.bfloat16  # a test extra, pinned in constraints.txt
+    q, k, v, dout = (a.astype(bf16) for a in qkv(17, 2, 4, 4, 33, 40, D=16, Dv=16))
+    wide = [a.astype(np.float64) for a in (q, k, v, dout)]
+    golden = attnlab.scaled_dot_product_attention(*wide[:3], **options)
+    g_golden = sdpa_backward(*wide, **options)[:3]
+    tq, tk, tv = (torch.tensor(a.astype(np.float32)).to(torch.bfloat16).requires_grad_()
+                  for a in (q, k, v))
+    t_options = dict(options)
+    mask = torch.tensor(window_mask(33, 40, window=options.get("window"),
+                                    is_causal=options.get("is_causal", False)))
+    if "softcap" in options:  # torch has no soft cap: the formula in bfloat16 ops
+        s = tq @ tk.transpose(-1, -2) / 4.0
+        s = (torch.tanh(s / 4.0) * 4.0).masked_fill(~mask, float("-inf"))
+        peer = torch.softmax(s, dim=-1) @ tv
+    else:
+        peer = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask)
+    (peer.float() * torch.tensor(dout.astype(np.float32))).sum().backward()
+    for name, out in (("plain", attnlab.scaled_dot_product_attention(q, k, v, **options)),
+                      ("flash", flash_attention(q, k, v, **BLOCKS, **options))):
+        assert out.dtype == bf16, name
+        assert_two_x_rule(out, peer.detach().float().numpy(), golden, what=name)
+        # computed in float32: at most one rounding to bfloat16 away from the golden
+        ulp = np.abs(golden) * 2.0**-8 + 1e-30
+        assert np.all(np.abs(out.astype(np.float64) - golden) <= ulp), name
+    grads = sdpa_backward(q, k, v, dout, **t_options)[:3]
+    for label, g, t, gold in zip("qkv", grads, (tq, tk, tv), g_golden, strict=True):
+        assert g.dtype == bf16
+        assert_two_x_rule(g, t.grad.float().numpy(), gold, what=f"d{label}")
