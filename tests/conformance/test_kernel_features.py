@@ -517,3 +517,42 @@ def test_bfloat16_inputs_compute_in_float32_like_torch_on_cpu(options):
     for label, g, t, gold in zip("qkv", grads, (tq, tk, tv), g_golden, strict=True):
         assert g.dtype == bf16
         assert_two_x_rule(g, t.grad.float().numpy(), gold, what=f"d{label}")
+
+
+# ------------------------------------------------------------------------- the KV caches
+# Dao-AILab/flash-attention:tests/test_flash_attn.py::test_flash_attn_kvcache (local=True,
+# softcap): cached decoding (a prefill chunk, then one token at a time) equals the full
+# forward with the same options, in both twins.
+
+@pytest.mark.parametrize("options", [dict(softcap=0.7), dict(window=(3, 0)),
+                                     dict(window=4, softcap=2.0)], ids=["softcap", "window",
+                                                                        "both"])
+def test_kv_cache_attend_takes_softcap_and_window(options):
+    B, H, Hkv, T, D = 2, 4, 2, 12, 8
+    q, k, v, _ = qkv(31, B, H, Hkv, T, T, D=D, Dv=D)
+    full = attnlab.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
+                                                **options)
+    steps = [slice(0, 5)] + [slice(i, i + 1) for i in range(5, T)]
+    cache, t_cache = attnlab.KVCache(B, Hkv, D), at.KVCache(B, Hkv, D, dtype=torch.float64)
+    out = np.concatenate([cache.attend(q[:, :, s], k[:, :, s], v[:, :, s], **options)
+                          for s in steps], axis=2)
+    t_out = torch.cat([t_cache.attend(*(torch.tensor(a[:, :, s]) for a in (q, k, v)), **options)
+                       for s in steps], dim=2)
+    assert_close(out, full, atol=F64_TOL, what="KVCache")
+    assert_close(t_out.numpy(), full, atol=F64_TOL, what="attnlab.torch KVCache")
+
+
+def test_sliding_window_cache_takes_softcap():
+    B, H, Hkv, T, D, W = 2, 4, 2, 12, 8, 4
+    q, k, v, _ = qkv(32, B, H, Hkv, T, T, D=D, Dv=D)
+    full = attnlab.scaled_dot_product_attention(q, k, v, window=W, is_causal=True,
+                                                enable_gqa=True, softcap=0.5)
+    steps = [slice(0, 6)] + [slice(i, i + 1) for i in range(6, T)]
+    cache = attnlab.SlidingWindowKVCache(B, Hkv, D, window=W)
+    t_cache = at.SlidingWindowKVCache(B, Hkv, D, window=W, dtype=torch.float64)
+    out = np.concatenate([cache.attend(q[:, :, s], k[:, :, s], v[:, :, s], softcap=0.5)
+                          for s in steps], axis=2)
+    t_out = torch.cat([t_cache.attend(*(torch.tensor(a[:, :, s]) for a in (q, k, v)),
+                                      softcap=0.5) for s in steps], dim=2)
+    assert_close(out, full, atol=F64_TOL, what="SlidingWindowKVCache")
+    assert_close(t_out.numpy(), full, atol=F64_TOL, what="attnlab.torch SlidingWindowKVCache")
