@@ -556,3 +556,27 @@ def test_sliding_window_cache_takes_softcap():
                                       softcap=0.5) for s in steps], dim=2)
     assert_close(out, full, atol=F64_TOL, what="SlidingWindowKVCache")
     assert_close(t_out.numpy(), full, atol=F64_TOL, what="attnlab.torch SlidingWindowKVCache")
+
+
+# ------------------------------------------------------------------- multi-head attention
+# Gemma 2's attention: the soft cap on the logits of every head, inside the module.
+
+def test_multi_head_attention_takes_softcap_in_both_twins():
+    num_heads, d_model, T = 4, 16, 9
+    mha = attnlab.MultiHeadAttention.init(num_heads, d_model, seed=0)
+    x = np.random.default_rng(5).standard_normal((2, T, d_model)) * 3
+    out, weights = mha(x, is_causal=True, softcap=1.0, return_weights=True)
+    # the formula by hand on the module's own projections
+    q, k, v = mha.project(x, x)
+    k = mha.expand_kv(k)
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    s = np.where(attnlab.causal_mask(T), np.tanh(s), -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    assert_close(weights, w, atol=F64_TOL, what="weights")
+    t_mha = at.MultiHeadAttention.from_numpy(mha)
+    xt = torch.tensor(x)
+    t_out = t_mha(xt, xt, xt, is_causal=True, softcap=1.0)
+    assert_close(t_out.detach().numpy(), out, atol=F64_TOL, what="torch twin")
+    plain = mha(x, is_causal=True)
+    assert np.abs(plain - out).max() > 1e-3  # the cap changes the result at these scales
