@@ -580,3 +580,18 @@ def test_multi_head_attention_takes_softcap_in_both_twins():
     assert_close(t_out.detach().numpy(), out, atol=F64_TOL, what="torch twin")
     plain = mha(x, is_causal=True)
     assert np.abs(plain - out).max() > 1e-3  # the cap changes the result at these scales
+
+
+def test_torch_lse_is_differentiable_by_autograd():
+    # d lse_i / d q_i = scale · Σ_j P_ij k_j (the softmax's mean key); a row with nothing to
+    # attend to has lse -inf and passes no gradient.
+    q, k, v, _ = qkv(40, 1, 2, 2, 5, 7)
+    mask = np.ones((5, 7), bool)
+    mask[3] = False
+    tq = torch.tensor(q, requires_grad=True)
+    _, lse = at.scaled_dot_product_attention(tq, torch.tensor(k), torch.tensor(v),
+                                             torch.tensor(mask), return_lse=True)
+    lse.masked_fill(torch.isneginf(lse), 0.0).sum().backward()
+    _, weights, _ = reference_attention(q, k, v, mask)
+    expected = weights @ k / np.sqrt(q.shape[-1])
+    assert_close(tq.grad.numpy(), expected, atol=F64_GRAD_TOL, what="d lse / d q")
