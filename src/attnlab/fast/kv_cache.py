@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError, as_float_array, check_alloc, check_positive_int, check_scale
-from ..kernel import abs_max, attend, check_score_range
-from ..masks import causal_mask
+from ..kernel import abs_max, attend, check_score_range, check_softcap
+from ..masks import causal_mask, window_mask
 from ..shapes import (
     check_cache_query_shape,
     check_cache_room,
@@ -144,7 +144,7 @@ class _CacheBase:
 
 def _grouped_attention(
     q: np.ndarray, keys: np.ndarray, values: np.ndarray, allowed: np.ndarray | None,
-    scale: float,
+    scale: float, softcap: float | None = None,
 ) -> np.ndarray:
     """Attention of H query heads over Hkv shared key/value heads, without copying the keys.
 
@@ -161,7 +161,7 @@ def _grouped_attention(
     rows = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D); head h = g*G + j
     if allowed is not None and G > 1:
         allowed = np.tile(allowed, (G, 1))  # (G*T, S), rows in the order of `rows`
-    out, _ = attend(rows, keys, values, allowed, None, scale)  # (B, Hkv, G*T, Dv)
+    out, _ = attend(rows, keys, values, allowed, None, scale, softcap=softcap)  # (B, Hkv, G*T, Dv)
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
@@ -270,15 +270,21 @@ class KVCache(_CacheBase):
             new[:, :, : self._length] = old[:, :, : self._length]
             setattr(self, name, new)
 
-    def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> np.ndarray:
+    def attend(
+        self, q: Any, k: Any, v: Any, *, scale: float | None = None,
+        softcap: float | None = None, window: Any = None,
+    ) -> np.ndarray:
         """Append the T new tokens' k, v, then attend from their queries over the whole cache.
 
         Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
 
         Query i sits at position ``S - T + i`` (S = length after the append) and
         sees keys 0 .. S - T + i: causal, bottom-right aligned. ``scale``
-        defaults to 1/√D.
+        defaults to 1/√D; ``softcap`` and ``window`` (an int W or (left, right),
+        cut at the query) mean what they mean in
+        :func:`attnlab.scaled_dot_product_attention`.
         """
+        cap = check_softcap(softcap)
         k_arr, v_arr = self._check_kv(k, v)
         T = k_arr.shape[2]
         q_arr = self._check_q(q, T)
@@ -292,7 +298,10 @@ class KVCache(_CacheBase):
         values = self._values[:, :, :S]  # (B, Hkv, S, Dv)
         # One query over the whole cache sees every key: no mask needed.
         allowed = causal_mask(T, S) if T > 1 else None  # (T, S)
-        return _grouped_attention(q_arr, keys, values, allowed, scale_value)  # (B, H, T, Dv)
+        if window is not None:
+            allowed = window_mask(T, S, window=window, is_causal=True)  # (T, S)
+        return _grouped_attention(q_arr, keys, values, allowed, scale_value,
+                                  cap)  # (B, H, T, Dv)
 
     def __repr__(self) -> str:
         return (
@@ -397,13 +406,18 @@ class SlidingWindowKVCache(_CacheBase):
             self._values[:, :, slot : slot + count] = v[:, :, first : first + count]
         self._length += T
 
-    def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> np.ndarray:
+    def attend(
+        self, q: Any, k: Any, v: Any, *, scale: float | None = None,
+        softcap: float | None = None,
+    ) -> np.ndarray:
         """Append the T new tokens' k, v, and attend from their queries within the window.
 
         Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
 
-        The query at position p sees keys ``max(0, p - W + 1) .. p``.
+        The query at position p sees keys ``max(0, p - W + 1) .. p``. ``softcap``
+        as in :func:`attnlab.scaled_dot_product_attention`.
         """
+        cap = check_softcap(softcap)
         k_arr, v_arr = self._check_kv(k, v)
         T = k_arr.shape[2]
         q_arr = self._check_q(q, T)
@@ -417,7 +431,7 @@ class SlidingWindowKVCache(_CacheBase):
             self._write(k_arr, v_arr)
             n = min(self._length, W)
             return _grouped_attention(q_arr, self._keys[:, :, :n], self._values[:, :, :n], None,
-                                      scale_value)  # (B, H, 1, Dv)
+                                      scale_value, cap)  # (B, H, 1, Dv)
         held = held_positions(self._length, W)
         keys = np.concatenate([self._in_order(self._keys), k_arr], axis=2)  # (B, Hkv, n + T, D)
         values = np.concatenate([self._in_order(self._values), v_arr],
@@ -426,7 +440,7 @@ class SlidingWindowKVCache(_CacheBase):
         key_pos = np.arange(held.start, self._length + T)  # (n + T,)
         offset = key_pos[None, :] - query_pos[:, None]  # (T, n + T)
         allowed = (offset <= 0) & (offset > -W)  # (T, n + T): the W most recent, itself included
-        out = _grouped_attention(q_arr, keys, values, allowed, scale_value)  # (B, H, T, Dv)
+        out = _grouped_attention(q_arr, keys, values, allowed, scale_value, cap)  # (B, H, T, Dv)
         self._write(k_arr, v_arr)
         return out
 

@@ -35,6 +35,7 @@ from typing import Any, cast
 import torch
 
 from ..errors import AttnlabError, check_alloc, check_positive_int, check_scale
+from ..kernel import check_softcap
 from ..shapes import (
     check_cache_query_shape,
     check_cache_room,
@@ -46,6 +47,7 @@ from ..shapes import (
 from . import debug
 from .checks import as_float_tensor
 from .kernel import attend, causal_allowed, window_allowed
+from .masks import window_mask
 
 __all__ = ["KVCache", "SlidingWindowKVCache"]
 
@@ -155,7 +157,7 @@ class _CacheBase:
 
 def _grouped_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor | None,
-    scale: float,
+    scale: float, softcap: float | None = None,
 ) -> torch.Tensor:
     """Shapes: q (B, H, T, D), keys (B, Hkv, S, D), values (B, Hkv, S, Dv),
     allowed bool (T, S) or None -> (B, H, T, Dv)."""
@@ -165,7 +167,8 @@ def _grouped_attention(
     rows = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D); head h = g*G + j
     if allowed is not None and G > 1:
         allowed = allowed.repeat(G, 1)  # (G*T, S), rows in the order of `rows`
-    out = cast(torch.Tensor, attend(rows, keys, values, allowed, None, scale))  # (B, Hkv, G*T, Dv)
+    out = cast(torch.Tensor, attend(rows, keys, values, allowed, None, scale,
+                                    softcap=softcap))  # (B, Hkv, G*T, Dv)
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
@@ -247,15 +250,19 @@ class KVCache(_CacheBase):
         self._values[:, :, self._length : needed] = v
         self._length = needed
 
-    def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> torch.Tensor:
+    def attend(
+        self, q: Any, k: Any, v: Any, *, scale: float | None = None,
+        softcap: float | None = None, window: Any = None,
+    ) -> torch.Tensor:
         """Append the T new tokens' k, v, then attend from their queries over the whole cache.
 
         Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
 
         Query i sits at position ``S - T + i`` (S = length after the append) and
         sees keys 0 .. S - T + i: causal, bottom-right aligned. ``scale``
-        defaults to 1/√D.
+        defaults to 1/√D; ``softcap`` and ``window`` as in the NumPy twin.
         """
+        cap = check_softcap(softcap)
         k_t, v_t = self._check_kv(k, v)
         T = k_t.shape[2]
         q_t = self._check_q(q, T)
@@ -266,8 +273,10 @@ class KVCache(_CacheBase):
         S = self._length
         # One query over the whole cache sees every key: no mask needed.
         allowed = causal_allowed(T, S, self.device) if T > 1 else None  # (T, S)
+        if window is not None:
+            allowed = window_mask(T, S, window=window, is_causal=True, device=self.device)
         return _grouped_attention(q_t, self._keys[:, :, :S], self._values[:, :, :S], allowed,
-                                  scale_value)  # (B, H, T, Dv)
+                                  scale_value, cap)  # (B, H, T, Dv)
 
     def __repr__(self) -> str:
         return (
@@ -355,7 +364,10 @@ class SlidingWindowKVCache(_CacheBase):
             self._values[:, :, slot : slot + count] = v[:, :, first : first + count]
         self._length += T
 
-    def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> torch.Tensor:
+    def attend(
+        self, q: Any, k: Any, v: Any, *, scale: float | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
         """Append the T new tokens' k, v, and attend from their queries within the window.
 
         Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
@@ -365,6 +377,7 @@ class SlidingWindowKVCache(_CacheBase):
         window, in any order); a chunk of T > 1 attends over the held keys in
         position order followed by the chunk, and is written afterwards.
         """
+        cap = check_softcap(softcap)
         k_t, v_t = self._check_kv(k, v)
         T = k_t.shape[2]
         q_t = self._check_q(q, T)
@@ -376,14 +389,14 @@ class SlidingWindowKVCache(_CacheBase):
             self._write(k_t, v_t)
             n = min(self._length, W)
             return _grouped_attention(q_t, self._keys[:, :, :n], self._values[:, :, :n], None,
-                                      scale_value)  # (B, H, 1, Dv)
+                                      scale_value, cap)  # (B, H, 1, Dv)
         held = held_positions(self._length, W)
         keys = torch.cat([self._in_order(self._keys), k_t], dim=2)  # (B, Hkv, n + T, D)
         values = torch.cat([self._in_order(self._values), v_t], dim=2)  # (B, Hkv, n + T, Dv)
         query_pos = torch.arange(self._length, self._length + T, device=self.device)  # (T,)
         key_pos = torch.arange(held.start, self._length + T, device=self.device)  # (n + T,)
         allowed = window_allowed(query_pos, key_pos, W, True)  # (T, n + T)
-        out = _grouped_attention(q_t, keys, values, allowed, scale_value)  # (B, H, T, Dv)
+        out = _grouped_attention(q_t, keys, values, allowed, scale_value, cap)  # (B, H, T, Dv)
         self._write(k_t, v_t)
         return out
 
