@@ -26,7 +26,7 @@ import torch
 import attnlab
 import attnlab.torch as at
 from attnlab import masks, positional, positional_relative
-from attnlab.fast import kv_cache, sparse
+from attnlab.fast import kv_cache, sparse, varlen
 
 FRAMEWORK = {"device", "dtype", "generator"}  # torch's factory arguments
 
@@ -86,6 +86,7 @@ TWINS = [
          dtype_defaults_differ=True),  # float64 like the NumPy core, float32 like torch
     Twin("SlidingWindowKVCache", kv_cache.SlidingWindowKVCache, at.SlidingWindowKVCache,
          torch_only={"device"}, dtype_defaults_differ=True),
+    Twin("varlen_attention", varlen.varlen_attention, at.varlen_attention),
     *(Twin(f"{cls}.{method}", getattr(getattr(kv_cache, cls), method),
            getattr(getattr(at, cls), method))
       for cls in ("KVCache", "SlidingWindowKVCache")

@@ -44,6 +44,7 @@ sequence b's query / key length, D head dim, Dv value dim.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, overload
 
@@ -72,10 +73,14 @@ __all__ = [
     "VarlenInputs",
     "attend_packed",
     "check_cu_seqlens",
+    "check_max_seqlen",
+    "check_sequences",
+    "check_varlen_shapes",
     "check_varlen_inputs",
     "cu_seqlens_from_lengths",
     "flash_varlen_attention",
     "flash_varlen_attention_backward",
+    "length_groups",
     "varlen_attention",
     "varlen_attention_backward",
 ]
@@ -161,7 +166,7 @@ def check_cu_seqlens(cu_seqlens: Any, name: str, total: int, total_name: str) ->
     return arr
 
 
-def _check_max_seqlen(value: Any, name: str, cu_seqlens: np.ndarray, cu_name: str) -> int:
+def check_max_seqlen(value: Any, name: str, cu_seqlens: np.ndarray, cu_name: str) -> int:
     """``max_seqlen`` as an int, at least the longest sequence of ``cu_seqlens``."""
     max_value = check_positive_int(value, name, allow_zero=True)
     longest = int(np.diff(cu_seqlens).max()) if cu_seqlens.size > 1 else 0
@@ -172,6 +177,43 @@ def _check_max_seqlen(value: Any, name: str, cu_seqlens: np.ndarray, cu_name: st
             f"(sequence {at}), got {max_value}"
         )
     return max_value
+
+
+def check_varlen_shapes(q: Sequence[int], k: Sequence[int], v: Sequence[int]) -> None:
+    """q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv), H a multiple of Hkv."""
+    for shape, name, layout in ((q, "q", "(total_q, H, D)"), (k, "k", "(total_k, Hkv, D)"),
+                                (v, "v", "(total_k, Hkv, Dv)")):
+        if len(shape) != 3:
+            raise ShapeError(f"{name}: expected the packed layout {layout}, "
+                             f"got {shape_str(shape)}")
+    H, D = int(q[1]), int(q[2])
+    total_k, Hkv = int(k[0]), int(k[1])
+    if int(k[2]) != D:
+        raise ShapeError(f"k: expected (total_k, Hkv, {D}) to match q's head dim D = {D}, "
+                         f"got {shape_str(k)}")
+    if (int(v[0]), int(v[1])) != (total_k, Hkv):
+        raise ShapeError(f"v: expected ({total_k}, {Hkv}, Dv) to match k's (total_k, Hkv), "
+                         f"got {shape_str(v)}")
+    if Hkv == 0 or H % Hkv:
+        raise ShapeError(f"k: expected Hkv key/value heads dividing q's H = {H}, "
+                         f"got Hkv = {Hkv} (k {shape_str(k)})")
+
+
+def check_sequences(
+    cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any, total_q: int,
+    total_k: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Both cu_seqlens (B + 1,) int64, checked against the totals, each other and max_seqlen."""
+    cu_q = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", int(total_q), "q.shape[0]")
+    cu_k = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", int(total_k), "k.shape[0]")
+    if cu_q.size != cu_k.size:
+        raise AttnlabError(
+            f"cu_seqlens_k: expected as many sequences as cu_seqlens_q, {cu_q.size - 1} "
+            f"({cu_q.size} entries), got {cu_k.size - 1} ({cu_k.size} entries)"
+        )
+    check_max_seqlen(max_seqlen_q, "max_seqlen_q", cu_q, "cu_seqlens_q")
+    check_max_seqlen(max_seqlen_k, "max_seqlen_k", cu_k, "cu_seqlens_k")
+    return cu_q, cu_k
 
 
 def check_varlen_inputs(
@@ -187,31 +229,10 @@ def check_varlen_inputs(
     """
     all_half = all(getattr(a, "dtype", None) == np.float16 for a in (q, k, v))
     q_arr, k_arr, v_arr = (as_float_array(a, n) for a, n in ((q, "q"), (k, "k"), (v, "v")))
-    for arr, name, layout in ((q_arr, "q", "(total_q, H, D)"), (k_arr, "k", "(total_k, Hkv, D)"),
-                              (v_arr, "v", "(total_k, Hkv, Dv)")):
-        if arr.ndim != 3:
-            raise ShapeError(f"{name}: expected the packed layout {layout}, "
-                             f"got {shape_str(arr.shape)}")
-    total_q, H, D = q_arr.shape
-    total_k, Hkv = k_arr.shape[:2]
-    if k_arr.shape[2] != D:
-        raise ShapeError(f"k: expected (total_k, Hkv, {D}) to match q's head dim D = {D}, "
-                         f"got {shape_str(k_arr.shape)}")
-    if v_arr.shape[:2] != (total_k, Hkv):
-        raise ShapeError(f"v: expected ({total_k}, {Hkv}, Dv) to match k's (total_k, Hkv), "
-                         f"got {shape_str(v_arr.shape)}")
-    if Hkv == 0 or H % Hkv:
-        raise ShapeError(f"k: expected Hkv key/value heads dividing q's H = {H}, "
-                         f"got Hkv = {Hkv} (k {shape_str(k_arr.shape)})")
-    cu_q = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, "q.shape[0]")
-    cu_k = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, "k.shape[0]")
-    if cu_q.size != cu_k.size:
-        raise AttnlabError(
-            f"cu_seqlens_k: expected as many sequences as cu_seqlens_q, {cu_q.size - 1} "
-            f"({cu_q.size} entries), got {cu_k.size - 1} ({cu_k.size} entries)"
-        )
-    _check_max_seqlen(max_seqlen_q, "max_seqlen_q", cu_q, "cu_seqlens_q")
-    _check_max_seqlen(max_seqlen_k, "max_seqlen_k", cu_k, "cu_seqlens_k")
+    check_varlen_shapes(q_arr.shape, k_arr.shape, v_arr.shape)
+    cu_q, cu_k = check_sequences(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 q_arr.shape[0], k_arr.shape[0])
+    D = q_arr.shape[2]
     is_causal = check_flag(is_causal, "is_causal")
     dtype = np.result_type(q_arr, k_arr, v_arr)
     q_arr, k_arr, v_arr = (a.astype(dtype, copy=False) for a in (q_arr, k_arr, v_arr))
@@ -221,7 +242,7 @@ def check_varlen_inputs(
     return VarlenInputs(q_arr, k_arr, v_arr, cu_q, cu_k, scale_value, is_causal, out_dtype)
 
 
-def _length_groups(cu_q: np.ndarray, cu_k: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+def length_groups(cu_q: np.ndarray, cu_k: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
     """Sequence indices grouped by their (T_b, S_b), in order of first appearance."""
     groups: dict[tuple[int, int], list[int]] = {}
     for b, lengths in enumerate(zip(np.diff(cu_q).tolist(), np.diff(cu_k).tolist(),
@@ -251,7 +272,7 @@ def attend_packed(
     Hkv, Dv = k.shape[1], v.shape[2]
     if out is None:
         out = np.empty((total_q, H, Dv), dtype=q.dtype)  # (total_q, H, Dv)
-    for (T, S), members in _length_groups(cu_seqlens_q, cu_seqlens_k).items():
+    for (T, S), members in length_groups(cu_seqlens_q, cu_seqlens_k).items():
         if T == 0:
             continue
         rows_q = cu_seqlens_q[members][:, None] + np.arange(T)  # (n, T) packed row indices
@@ -271,7 +292,7 @@ def attend_packed(
 def _check_group_scores(inputs: VarlenInputs) -> None:
     """Refuse a group of equal-length sequences whose scores would exceed attnlab's limit."""
     H = inputs.num_heads
-    for (T, S), members in _length_groups(inputs.cu_seqlens_q, inputs.cu_seqlens_k).items():
+    for (T, S), members in length_groups(inputs.cu_seqlens_q, inputs.cu_seqlens_k).items():
         check_alloc((len(members), H, T, S), inputs.q.dtype,
                     f"the score matrices of the {len(members)} sequences of lengths "
                     f"T = {T}, S = {S} (n, H, T, S)", "cu_seqlens_q")
@@ -352,7 +373,7 @@ def varlen_attention_backward(
     H, Hkv, Dv = inputs.num_heads, inputs.num_kv_heads, v_arr.shape[2]
     dout_arr = check_upstream(dout, (q_arr.shape[0], H, Dv), "(total_q, H, Dv)", q_arr.dtype)
     dq, dk, dv = np.zeros_like(q_arr), np.zeros_like(k_arr), np.zeros_like(v_arr)
-    for (T, S), members in _length_groups(cu_q, cu_k).items():
+    for (T, S), members in length_groups(cu_q, cu_k).items():
         if T == 0 or S == 0:
             continue  # no weights, no gradient
         n = len(members)

@@ -25,6 +25,7 @@ attnlab.torch                                      NumPy core
 ``sinusoidal_encoding``                            the same name in ``attnlab.positional``
 ``apply_rope``, ``rope_angles``,                   the same names in
 ``alibi_slopes``, ``alibi_bias``                   ``attnlab.positional_relative``
+``varlen_attention(q, k, v, cu_seqlens_q, ...)``   ``attnlab.fast.varlen.varlen_attention``
 ``from_numpy(obj)`` / ``to_numpy(module)``         move parameters between the two
 =================================================  =========================================
 
@@ -60,6 +61,7 @@ from .positional import (
     rope_angles,
     sinusoidal_encoding,
 )
+from .varlen import varlen_attention
 
 __all__ = [
     "KVCache",
@@ -83,4 +85,5 @@ __all__ = [
     "softmax",
     "to_numpy",
     "to_torch_multihead",
+    "varlen_attention",
 ]
