@@ -21,6 +21,7 @@ attnlab.torch                                      NumPy core
 ``SelfAttentionLayer(d_model, num_heads)``         ``attnlab.SelfAttentionLayer``
 ``LayerNorm(d_model)``                             ``attnlab.LayerNorm``
 ``KVCache``, ``SlidingWindowKVCache``              the same names in ``attnlab``
+``PagedKVCache``                                   ``attnlab.PagedKVCache``
 ``PositionalEncoding(d_model)``                    ``positional.SinusoidalPositionalEncoding``
 ``sinusoidal_encoding``                            the same name in ``attnlab.positional``
 ``apply_rope``, ``rope_angles``,                   the same names in
@@ -53,6 +54,7 @@ from .kv_cache import KVCache, SlidingWindowKVCache
 from .layers import LayerNorm, SelfAttentionLayer
 from .masks import causal_mask, sliding_window_mask
 from .multihead import MultiHeadAttention
+from .paged_cache import PagedKVCache
 from .positional import (
     PositionalEncoding,
     alibi_bias,
@@ -67,6 +69,7 @@ __all__ = [
     "KVCache",
     "LayerNorm",
     "MultiHeadAttention",
+    "PagedKVCache",
     "PositionalEncoding",
     "SelfAttentionLayer",
     "SlidingWindowKVCache",
