@@ -18,7 +18,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnlab import AttnlabError, KVCache, PagedKVCache, ShapeError, scaled_dot_product_attention
+from attnlab import (
+    AttnlabError,
+    KVCache,
+    PagedKVCache,
+    ShapeError,
+    SlidingWindowKVCache,
+    scaled_dot_product_attention,
+)
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
 
@@ -147,6 +154,21 @@ def test_half_storage_computes_in_float32(dtype):
     ids = [paged.add_sequence() for _ in range(3)]
     out = paged.attend(ids, q, k, v)
     np.testing.assert_allclose(out, full(q, held_k, held_v), atol=1e-5, rtol=0)
+
+
+def test_sliding_window_cache_stores_float16_too():
+    q, k, v = _data(dtype=np.float32)
+    cache = SlidingWindowKVCache(3, 2, 8, 6, window=5, dtype=np.float16)
+    out = np.concatenate([cache.attend(q[:, :, :6], k[:, :, :6], v[:, :, :6])] + [
+        cache.attend(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]) for t in range(6, 14)
+    ], axis=2)
+    held_k, held_v = (a.astype(np.float16).astype(np.float32) for a in (k, v))
+    p, j = np.arange(14)[:, None], np.arange(14)[None, :]
+    band = (j <= p) & (j > p - 5)  # W = 5 keys including itself
+    expected = scaled_dot_product_attention(q, np.repeat(held_k, 2, 1), np.repeat(held_v, 2, 1),
+                                            band)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, expected, atol=1e-5, rtol=0)
 
 
 def test_half_storage_refuses_values_past_its_range():
