@@ -259,10 +259,17 @@ def test_packed_forward_equals_each_sequence_alone_and_the_padded_batch(model):
     np.testing.assert_allclose(packed, padded[real.astype(bool)], rtol=0, atol=2e-5)
 
 
-def test_packed_encode_equals_padded_encode(model):
-    packed = model.encode(TEXTS, batch_size=7)
+def test_packed_encode_equals_padded_encode(model, monkeypatch):
     padded = model.encode(TEXTS, batch_size=7, pack=False)
+    rows = []
+    forward_packed = model.forward_packed
+    monkeypatch.setattr(model, "forward", None)  # packing never pads: forward is not called
+    monkeypatch.setattr(model, "forward_packed", lambda ids, cu: rows.append(ids.shape[0])
+                        or forward_packed(ids, cu))
+    packed = model.encode(TEXTS, batch_size=7)
     np.testing.assert_allclose(packed, padded, rtol=0, atol=1e-6)  # float32 rounding only
+    lengths = [len(e.ids) for e in model.tokenizer.encode_batch(TEXTS)]
+    assert sum(rows) == sum(lengths) and len(rows) == -(-len(TEXTS) // 7)  # real tokens only
 
 
 def test_packed_forward_fallback_runs_each_sequence_through_the_blocks(tiny_dir):
