@@ -52,7 +52,7 @@ from .convert import from_numpy, from_torch_multihead, to_numpy, to_torch_multih
 from .debug import debug_checks, debug_checks_enabled
 from .kv_cache import KVCache, SlidingWindowKVCache
 from .layers import LayerNorm, SelfAttentionLayer
-from .masks import causal_mask, sliding_window_mask
+from .masks import causal_mask, sliding_window_mask, window_mask
 from .multihead import MultiHeadAttention
 from .paged_cache import PagedKVCache
 from .positional import (
@@ -89,4 +89,5 @@ __all__ = [
     "to_numpy",
     "to_torch_multihead",
     "varlen_attention",
+    "window_mask",
 ]
