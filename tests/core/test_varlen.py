@@ -60,7 +60,7 @@ def _problem(lq, lk, H, Hkv, dtype=np.float64, seed=0, D=8, Dv=6):
     return q, k, v, dout, cu_q, cu_k, max(lq), max(lk)
 
 
-def _alone(q, k, v, dout, cu_q, cu_k, is_causal):
+def _alone(q, k, v, dout, cu_q, cu_k, is_causal, **options):
     """Each sequence through the plain sdpa and its backward, alone; packed back."""
     H, Hkv = q.shape[1], k.shape[1]
     out = np.zeros((q.shape[0], H, v.shape[2]), dtype=q.dtype)
@@ -71,8 +71,9 @@ def _alone(q, k, v, dout, cu_q, cu_k, is_causal):
             continue
         heads = [x.transpose(1, 0, 2) for x in (q[rq], np.repeat(k[rk], H // Hkv, axis=1),
                                                 np.repeat(v[rk], H // Hkv, axis=1))]
-        out[rq] = scaled_dot_product_attention(*heads, is_causal=is_causal).transpose(1, 0, 2)
-        g = sdpa_backward(*heads, dout[rq].transpose(1, 0, 2), is_causal=is_causal)
+        out[rq] = scaled_dot_product_attention(*heads, is_causal=is_causal,
+                                               **options).transpose(1, 0, 2)
+        g = sdpa_backward(*heads, dout[rq].transpose(1, 0, 2), is_causal=is_causal, **options)
         dq[rq] = g.dq.transpose(1, 0, 2)
         # A shared key/value head gets the sum over its H / Hkv query heads.
         dk[rk] = g.dk.reshape(Hkv, H // Hkv, -1, g.dk.shape[-1]).sum(1).transpose(1, 0, 2)
@@ -80,15 +81,15 @@ def _alone(q, k, v, dout, cu_q, cu_k, is_causal):
     return out, dq, dk, dv
 
 
-def _all_paths(q, k, v, dout, cu_q, cu_k, max_q, max_k, is_causal, block=(3, 4)):
+def _all_paths(q, k, v, dout, cu_q, cu_k, max_q, max_k, is_causal, block=(3, 4), **options):
     args = (cu_q, cu_k, max_q, max_k)
-    plain = [varlen_attention(q, k, v, *args, is_causal=is_causal)]
-    plain += varlen_attention_backward(q, k, v, dout, *args, is_causal=is_causal)
+    plain = [varlen_attention(q, k, v, *args, is_causal=is_causal, **options)]
+    plain += varlen_attention_backward(q, k, v, dout, *args, is_causal=is_causal, **options)
     out, lse = flash_varlen_attention(q, k, v, *args, is_causal=is_causal, block_q=block[0],
-                                      block_k=block[1], return_lse=True)
+                                      block_k=block[1], return_lse=True, **options)
     flash = [out, *flash_varlen_attention_backward(q, k, v, out, lse, dout, *args,
                                                    is_causal=is_causal, block_q=block[0],
-                                                   block_k=block[1])]
+                                                   block_k=block[1], **options)]
     return plain, flash, lse
 
 
@@ -102,6 +103,27 @@ def test_float64_equals_each_sequence_alone(case, is_causal):
         assert p.shape == f.shape == ref.shape and p.dtype == f.dtype == np.float64, name
         np.testing.assert_allclose(p, ref, atol=1e-12, rtol=0, err_msg=f"plain {name}")
         np.testing.assert_allclose(f, ref, atol=1e-12, rtol=0, err_msg=f"flash {name}")
+
+
+@pytest.mark.parametrize("options", [
+    {"window": (2, 1)}, {"window": (0, -1)}, {"window": 3}, {"softcap": 2.0},
+    {"window": (3, 0), "softcap": 1.5},
+])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_window_and_softcap_per_sequence(options, is_causal):
+    # FlashAttention's varlen takes window_size and softcap: each applies to each sequence
+    # alone, positions counted from its own start (bottom-right), as the plain sdpa does.
+    if isinstance(options.get("window"), int) and not is_causal:
+        options = {**options, "window": 5}  # a symmetric int window is odd
+    q, k, v, dout, cu_q, cu_k, max_q, max_k = _problem([5, 9, 1, 6], [7, 9, 4, 3], 4, 2)
+    q, k = 3 * q, 3 * k  # scores past the soft cap, so that it bends them
+    reference = _alone(q, k, v, dout, cu_q, cu_k, is_causal, **options)
+    plain, flash, _ = _all_paths(q, k, v, dout, cu_q, cu_k, max_q, max_k, is_causal, **options)
+    for name, ref, p, f in zip(("out", "dq", "dk", "dv"), reference, plain, flash, strict=True):
+        np.testing.assert_allclose(p, ref, atol=1e-12, rtol=0, err_msg=f"plain {name}")
+        np.testing.assert_allclose(f, ref, atol=1e-12, rtol=0, err_msg=f"flash {name}")
+    no_options = _alone(q, k, v, dout, cu_q, cu_k, is_causal)
+    assert np.abs(no_options[0] - reference[0]).max() > 1e-3  # the option did something
 
 
 @pytest.mark.parametrize("is_causal", [False, True])

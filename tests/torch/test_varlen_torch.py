@@ -108,6 +108,27 @@ def test_float32_flashattention_rule(is_causal):
         assert float((o.double() - g).abs().max()) <= allowed, name
 
 
+@pytest.mark.parametrize("options", [{"window": (2, 1)}, {"softcap": 2.0},
+                                     {"window": (3, 0), "softcap": 1.5}])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_window_and_softcap_match_the_numpy_twin(options, is_causal):
+    # The NumPy twin is checked against the plain sdpa on each sequence alone (tests/core).
+    q, k, v, dout, cu_q, cu_k, max_q, max_k = _problem([5, 9, 1, 6], [7, 9, 4, 3], 4, 2)
+    q, k = 3 * q, 3 * k  # scores past the soft cap
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out = at.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=is_causal,
+                              **options)
+    out.backward(dout)
+    numpy_args = (cu_q.numpy(), cu_k.numpy(), max_q, max_k)
+    arrays = [t.detach().numpy() for t in (q, k, v)]
+    twin = [varlen.varlen_attention(*arrays, *numpy_args, is_causal=is_causal, **options)]
+    twin += varlen.varlen_attention_backward(*arrays, dout.numpy(), *numpy_args,
+                                             is_causal=is_causal, **options)
+    for name, o, t in zip(("out", "dq", "dk", "dv"), (out.detach(), q.grad, k.grad, v.grad),
+                          twin, strict=True):
+        np.testing.assert_allclose(o.numpy(), t, atol=1e-12, rtol=0, err_msg=name)
+
+
 def test_gradcheck():
     q, k, v, _, cu_q, cu_k, max_q, max_k = _problem([3, 4], [3, 5], 2, 1, D=3, Dv=2)
     inputs = tuple(t.requires_grad_(True) for t in (q, k, v))

@@ -26,8 +26,11 @@ the computation below (which the tests run as the reference)::
 
 ``is_causal`` applies per sequence, bottom-right aligned as everywhere in
 attnlab: query i of sequence b sits at position S_b - T_b + i and sees that
-sequence's keys 0 .. S_b - T_b + i. Query head h reads key/value head
-h // (H / Hkv) (GQA, as FlashAttention's varlen accepts). A sequence with no
+sequence's keys 0 .. S_b - T_b + i. So do ``window`` (an int W, or
+FlashAttention's ``window_size=(left, right)``, -1 = unbounded) and
+``softcap`` (c·tanh(scores / c)), as in ``flash_attn_varlen_func``. Query
+head h reads key/value head h // (H / Hkv) (GQA, as FlashAttention's varlen
+accepts). A sequence with no
 keys, or a causal query that sees none, gets output 0 (lse -inf).
 
 - :func:`varlen_attention` is the plain path: per sequence it builds the
@@ -63,8 +66,9 @@ from ..errors import (
     describe,
     shape_str,
 )
-from ..kernel import abs_max, attend, check_score_range
-from ..masks import causal_mask
+from ..kernel import abs_max, attend, check_score_range, check_softcap
+from ..masks import band_mask
+from ..shapes import attention_band, check_window_pair
 from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention, flash_attention_backward
 from .flash_parts import as_forward
 
@@ -81,6 +85,7 @@ __all__ = [
     "flash_varlen_attention",
     "flash_varlen_attention_backward",
     "length_groups",
+    "sequence_allowed",
     "varlen_attention",
     "varlen_attention_backward",
 ]
@@ -108,6 +113,16 @@ class VarlenInputs:
     scale: float
     is_causal: bool
     out_dtype: np.dtype  # float16 inputs compute in float32 and are returned as float16
+    window: tuple[int | None, int | None] | None = None  # (left, right), None = unbounded
+    softcap: float | None = None
+
+    @property
+    def window_pair(self) -> tuple[int, int] | None:
+        """The window as FlashAttention's (left, right), -1 = unbounded."""
+        if self.window is None:
+            return None
+        left, right = self.window
+        return (-1 if left is None else left, -1 if right is None else right)
 
     @property
     def num_heads(self) -> int:
@@ -218,7 +233,8 @@ def check_sequences(
 
 def check_varlen_inputs(
     q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
-    max_seqlen_k: Any, *, is_causal: Any = False, scale: Any = None,
+    max_seqlen_k: Any, *, is_causal: Any = False, scale: Any = None, window: Any = None,
+    softcap: Any = None,
 ) -> VarlenInputs:
     """Validate packed varlen inputs, before any math.
 
@@ -234,12 +250,15 @@ def check_varlen_inputs(
                                  q_arr.shape[0], k_arr.shape[0])
     D = q_arr.shape[2]
     is_causal = check_flag(is_causal, "is_causal")
+    pair = check_window_pair(window, is_causal)
+    cap = check_softcap(softcap)
     dtype = np.result_type(q_arr, k_arr, v_arr)
     q_arr, k_arr, v_arr = (a.astype(dtype, copy=False) for a in (q_arr, k_arr, v_arr))
     scale_value = check_scale(scale, D)
     check_score_range(abs_max(q_arr), abs_max(k_arr), D, scale_value, dtype)
     out_dtype = np.dtype(np.float16) if all_half else dtype
-    return VarlenInputs(q_arr, k_arr, v_arr, cu_q, cu_k, scale_value, is_causal, out_dtype)
+    return VarlenInputs(q_arr, k_arr, v_arr, cu_q, cu_k, scale_value, is_causal, out_dtype,
+                        pair, cap)
 
 
 def length_groups(cu_q: np.ndarray, cu_k: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
@@ -251,6 +270,16 @@ def length_groups(cu_q: np.ndarray, cu_k: np.ndarray) -> dict[tuple[int, int], n
     return {lengths: np.asarray(members) for lengths, members in groups.items()}
 
 
+def sequence_allowed(
+    T: int, S: int, is_causal: bool, window: tuple[int | None, int | None] | None
+) -> np.ndarray | None:  # -> (T, S) or None
+    """What a sequence's T queries may attend of its S keys: the bottom-right causal rule
+    and the window (a checked (left, right)); None if everything."""
+    band = attention_band(T, S, is_causal=is_causal, window=window,
+                          causal_alignment="bottom_right")
+    return None if band is None else band_mask(band, T, S)
+
+
 def _grouped_view(arr: np.ndarray, Hkv: int) -> np.ndarray:
     """(n, L, H, ·) rows of n sequences -> (n, Hkv, G, L, ·) with head h = g·G + j."""
     n, L, H, width = arr.shape
@@ -260,6 +289,7 @@ def _grouped_view(arr: np.ndarray, Hkv: int) -> np.ndarray:
 def attend_packed(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens_q: np.ndarray,
     cu_seqlens_k: np.ndarray, scale: float, is_causal: bool, out: np.ndarray | None = None,
+    *, window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
 ) -> np.ndarray:
     """Plain attention of every packed sequence alone, on validated arrays; no checks.
 
@@ -283,8 +313,9 @@ def attend_packed(
         q_g = _grouped_view(q[rows_q], Hkv)  # (n, Hkv, G, T, D)
         k_g = k[rows_k].transpose(0, 2, 1, 3)[:, :, None]  # (n, Hkv, 1, S, D)
         v_g = v[rows_k].transpose(0, 2, 1, 3)[:, :, None]  # (n, Hkv, 1, S, Dv)
-        allowed = causal_mask(T, S) if is_causal else None  # (T, S)
-        result, _ = attend(q_g, k_g, v_g, allowed, None, scale)  # (n, Hkv, G, T, Dv)
+        allowed = sequence_allowed(T, S, is_causal, window)  # (T, S)
+        result, _ = attend(q_g, k_g, v_g, allowed, None, scale,
+                           softcap=softcap)  # (n, Hkv, G, T, Dv)
         out[rows_q] = result.transpose(0, 3, 1, 2, 4).reshape(len(members), T, H, Dv)
     return out
 
@@ -309,6 +340,8 @@ def varlen_attention(
     *,
     is_causal: bool = False,
     scale: float | None = None,
+    window: Any = None,
+    softcap: float | None = None,
 ) -> np.ndarray:
     """Attention over a packed batch of sequences of different lengths, without padding.
 
@@ -320,8 +353,9 @@ def varlen_attention(
         -> out (total_q, H, Dv)
 
     Equals :func:`attnlab.scaled_dot_product_attention` run on each sequence
-    alone (see the module docstring); ``is_causal`` is per sequence and
-    bottom-right aligned. The plain path: each sequence's (H, T_b, S_b) scores
+    alone (see the module docstring); ``is_causal``, ``window`` (an int W or
+    FlashAttention's (left, right), -1 = unbounded) and ``softcap`` apply per
+    sequence, bottom-right aligned. The plain path: each sequence's (H, T_b, S_b) scores
     are built whole (sequences of equal lengths in one batched product), never a
     (total_q, total_k) matrix. Dtypes as in scaled_dot_product_attention
     (float16 computes in float32 and comes back as float16).
@@ -336,10 +370,12 @@ def varlen_attention(
     ((8, 2, 4), True)
     """
     inputs = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_k, is_causal=is_causal, scale=scale)
+                                 max_seqlen_k, is_causal=is_causal, scale=scale, window=window,
+                                 softcap=softcap)
     _check_group_scores(inputs)
     out = attend_packed(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q, inputs.cu_seqlens_k,
-                        inputs.scale, inputs.is_causal)  # (total_q, H, Dv)
+                        inputs.scale, inputs.is_causal, window=inputs.window,
+                        softcap=inputs.softcap)  # (total_q, H, Dv)
     return out.astype(inputs.out_dtype, copy=False)
 
 
@@ -355,6 +391,8 @@ def varlen_attention_backward(
     *,
     is_causal: bool = False,
     scale: float | None = None,
+    window: Any = None,
+    softcap: float | None = None,
 ) -> VarlenGrads:
     """Gradients of :func:`varlen_attention` (recomputes the forward), the plain path.
 
@@ -366,7 +404,8 @@ def varlen_attention_backward(
     of their gradients.
     """
     inputs = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_k, is_causal=is_causal, scale=scale)
+                                 max_seqlen_k, is_causal=is_causal, scale=scale, window=window,
+                                 softcap=softcap)
     _check_group_scores(inputs)
     q_arr, k_arr, v_arr = inputs.q, inputs.k, inputs.v
     cu_q, cu_k = inputs.cu_seqlens_q, inputs.cu_seqlens_k
@@ -383,9 +422,15 @@ def varlen_attention_backward(
         dout_g = _grouped_view(dout_arr[rows_q], Hkv)  # (n, Hkv, G, T, Dv)
         k_g = k_arr[rows_k].transpose(0, 2, 1, 3)[:, :, None]  # (n, Hkv, 1, S, D)
         v_g = v_arr[rows_k].transpose(0, 2, 1, 3)[:, :, None]  # (n, Hkv, 1, S, Dv)
-        allowed = causal_mask(T, S) if inputs.is_causal else None  # (T, S)
-        _, weights = attend(q_g, k_g, v_g, allowed, None, inputs.scale)  # (n, Hkv, G, T, S)
-        dq_g, dk_g, dv_g, _ = attention_backward(q_g, k_g, v_g, weights, dout_g, inputs.scale)
+        allowed = sequence_allowed(T, S, inputs.is_causal, inputs.window)  # (T, S)
+        _, weights = attend(q_g, k_g, v_g, allowed, None, inputs.scale,
+                            softcap=inputs.softcap)  # (n, Hkv, G, T, S)
+        cap_slope = None
+        if inputs.softcap is not None:  # d/ds c·tanh(s / c) = 1 - tanh²(s / c)
+            raw = (q_g @ np.swapaxes(k_g, -1, -2)) * inputs.scale / inputs.softcap
+            cap_slope = 1.0 - np.square(np.tanh(raw))  # (n, Hkv, G, T, S)
+        dq_g, dk_g, dv_g, _ = attention_backward(q_g, k_g, v_g, weights, dout_g, inputs.scale,
+                                                 cap_slope=cap_slope)
         dq[rows_q] = dq_g.transpose(0, 3, 1, 2, 4).reshape(n, T, H, -1)  # (n, T, H, D)
         dk[rows_k] = dk_g.sum(axis=2).transpose(0, 2, 1, 3)  # (n, S, Hkv, D): heads summed
         dv[rows_k] = dv_g.sum(axis=2).transpose(0, 2, 1, 3)  # (n, S, Hkv, Dv)
@@ -409,13 +454,15 @@ def _sequence_views(
 def flash_varlen_attention(
     q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
     max_seqlen_k: int, *, is_causal: bool = ..., scale: float | None = ..., block_q: int = ...,
-    block_k: int = ..., return_lse: Literal[False] = ...,
+    block_k: int = ..., return_lse: Literal[False] = ..., window: Any = ...,
+    softcap: float | None = ...,
 ) -> np.ndarray: ...
 @overload
 def flash_varlen_attention(
     q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
     max_seqlen_k: int, *, is_causal: bool = ..., scale: float | None = ..., block_q: int = ...,
-    block_k: int = ..., return_lse: Literal[True],
+    block_k: int = ..., return_lse: Literal[True], window: Any = ...,
+    softcap: float | None = ...,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 def flash_varlen_attention(
     q: Any,
@@ -431,6 +478,8 @@ def flash_varlen_attention(
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
     return_lse: bool = False,
+    window: Any = None,
+    softcap: float | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """:func:`varlen_attention` computed tile by tile: no score matrix, O(total) memory.
 
@@ -446,7 +495,8 @@ def flash_varlen_attention(
     attend to), which :func:`flash_varlen_attention_backward` needs.
     """
     inputs = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_k, is_causal=is_causal, scale=scale)
+                                 max_seqlen_k, is_causal=is_causal, scale=scale, window=window,
+                                 softcap=softcap)
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
     return_lse = check_flag(return_lse, "return_lse")
@@ -461,7 +511,8 @@ def flash_varlen_attention(
             continue  # no queries, or nothing to attend to: out 0, lse -inf
         out_b, lse_b = flash_attention(q_b, k_b, v_b, is_causal=inputs.is_causal,
                                        scale=inputs.scale, block_q=block_q, block_k=block_k,
-                                       return_lse=True)  # (Hkv, G, T, Dv), (Hkv, G, T)
+                                       return_lse=True, window=inputs.window_pair,
+                                       softcap=inputs.softcap)  # (Hkv, G, T, Dv), (Hkv, G, T)
         out[rows_q] = out_b.reshape(H, T, Dv).transpose(1, 0, 2)  # (T, H, Dv)
         lse[:, rows_q] = lse_b.reshape(H, T)
     out = out.astype(inputs.out_dtype, copy=False)
@@ -484,6 +535,8 @@ def flash_varlen_attention_backward(
     scale: float | None = None,
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
+    window: Any = None,
+    softcap: float | None = None,
 ) -> VarlenGrads:
     """Gradients of :func:`flash_varlen_attention`, tile by tile from its log-sum-exp.
 
@@ -495,7 +548,8 @@ def flash_varlen_attention_backward(
     matrix is stored. Equivalent to :func:`varlen_attention_backward`.
     """
     inputs = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_k, is_causal=is_causal, scale=scale)
+                                 max_seqlen_k, is_causal=is_causal, scale=scale, window=window,
+                                 softcap=softcap)
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
     total_q, H = inputs.q.shape[:2]
@@ -516,7 +570,8 @@ def flash_varlen_attention_backward(
         lse_b = lse_arr[:, rows_q].reshape(Hkv, H // Hkv, T)  # (Hkv, G, T)
         dq_b, dk_b, dv_b = flash_attention_backward(
             q_b, k_b, v_b, out_b, lse_b, dout_b, is_causal=inputs.is_causal,
-            scale=inputs.scale, block_q=block_q, block_k=block_k,
+            scale=inputs.scale, block_q=block_q, block_k=block_k, window=inputs.window_pair,
+            softcap=inputs.softcap,
         )  # (Hkv, G, T, D), (Hkv, 1, S, D), (Hkv, 1, S, Dv): summed over the G query heads
         dq[rows_q] = dq_b.reshape(H, T, -1).transpose(1, 0, 2)  # (T, H, D)
         dk[rows_k] = dk_b[:, 0].transpose(1, 0, 2)  # (S, Hkv, D)

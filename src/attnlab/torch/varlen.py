@@ -9,12 +9,12 @@ Packed layout (FlashAttention's ``flash_attn_varlen_func``)::
     -> out (total_q, H, Dv)
 
 Attention never crosses a sequence boundary: each sequence attends alone
-(``is_causal`` per sequence, bottom-right aligned), query head h reading
-key/value head h // (H / Hkv). Gradients flow to q, k and v through autograd.
+(``is_causal``, ``window`` and ``softcap`` per sequence, bottom-right
+aligned), query head h reading key/value head h // (H / Hkv). Gradients flow
+to q, k and v through autograd.
 
 The sequences of one (T_b, S_b) are gathered into one batch and go through
-:func:`attnlab.torch.kernel.attend` (torch's fused kernel: no (T_b, S_b) matrix
-is kept for the backward); the results are scattered back into the packed
+:func:`attnlab.torch.kernel.attend` (torch's fused kernel unless a soft cap asks for the plain path); the results are scattered back into the packed
 rows. ``cu_seqlens`` are read on the host (as ``max_seqlen`` must be) to group
 the sequences.
 
@@ -31,9 +31,11 @@ import torch
 
 from ..errors import check_flag, check_scale
 from ..fast.varlen import check_sequences, check_varlen_shapes, length_groups
+from ..kernel import check_softcap
+from ..shapes import attention_band, check_window_pair
 from . import debug
 from .checks import as_float_tensor, check_same_device
-from .kernel import attend
+from .kernel import attend, band_allowed
 
 __all__ = ["varlen_attention"]
 
@@ -49,6 +51,8 @@ def varlen_attention(
     *,
     is_causal: bool = False,
     scale: float | None = None,
+    window: Any = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention over a packed batch of sequences of different lengths, without padding;
     behaves identically to :func:`attnlab.fast.varlen.varlen_attention`.
@@ -68,7 +72,7 @@ def varlen_attention(
                 q[rows_q].transpose(0, 1),
                 k[rows_k].repeat_interleave(H // Hkv, 1).transpose(0, 1),
                 v[rows_k].repeat_interleave(H // Hkv, 1).transpose(0, 1),
-                is_causal=is_causal).transpose(0, 1)
+                is_causal=is_causal, window=window, softcap=softcap).transpose(0, 1)
 
     >>> cu = torch.tensor([0, 3, 8])
     >>> q = k = v = torch.randn(8, 2, 4)
@@ -83,18 +87,21 @@ def varlen_attention(
                                  q_t.shape[0], k_t.shape[0])
     D = int(q_t.shape[2])
     is_causal = check_flag(is_causal, "is_causal")
+    pair = check_window_pair(window, is_causal)
+    cap = check_softcap(softcap)
     scale_value = check_scale(scale, D)
     dtype = torch.promote_types(torch.promote_types(q_t.dtype, k_t.dtype), v_t.dtype)
     q_t, k_t, v_t = (t.to(dtype) for t in (q_t, k_t, v_t))
     if debug.debug_checks_enabled():
         debug.check_finite([("q", q_t), ("k", k_t), ("v", v_t)])
         debug.check_tensor_score_range(q_t, k_t, None, scale_value)
-    return _attend_packed(q_t, k_t, v_t, cu_q, cu_k, scale_value, is_causal)
+    return _attend_packed(q_t, k_t, v_t, cu_q, cu_k, scale_value, is_causal, pair, cap)
 
 
 def _attend_packed(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: np.ndarray, cu_k: np.ndarray,
-    scale: float, is_causal: bool,
+    scale: float, is_causal: bool, window: tuple[int | None, int | None] | None,
+    softcap: float | None,
 ) -> torch.Tensor:  # (total_q, H, D), (total_k, Hkv, D), (total_k, Hkv, Dv) -> (total_q, H, Dv)
     total_q, H, D = q.shape
     Hkv, Dv = k.shape[1], v.shape[2]
@@ -112,9 +119,15 @@ def _attend_packed(
         q_g = q.index_select(0, index_q).reshape(n, T, Hkv, G, D).permute(0, 2, 3, 1, 4)
         k_g = k.index_select(0, index_k).reshape(n, S, Hkv, D).transpose(1, 2)[:, :, None]
         v_g = v.index_select(0, index_k).reshape(n, S, Hkv, Dv).transpose(1, 2)[:, :, None]
+        allowed = None
+        band = attention_band(T, S, is_causal=is_causal, window=window,
+                              causal_alignment="bottom_right")
+        if window is not None and band is not None:  # else is_causal alone: the fused kernel's
+            allowed = band_allowed(band, T, S, q.device)  # (T, S)
         # (n, Hkv, G, T, D) against (n, Hkv, 1, S, ·): the key/value heads are not copied.
-        out_g = cast(torch.Tensor, attend(q_g, k_g, v_g, None, None, scale,
-                                          is_causal=is_causal))  # (n, Hkv, G, T, Dv)
+        out_g = cast(torch.Tensor, attend(q_g, k_g, v_g, allowed, None, scale,
+                                          is_causal=is_causal and allowed is None,
+                                          softcap=softcap))  # (n, Hkv, G, T, Dv)
         pieces.append(out_g.permute(0, 3, 1, 2, 4).reshape(n * T, H, Dv))  # (n·T, H, Dv)
         rows.append(rows_q.reshape(-1))
     out = q.new_zeros((total_q, H, Dv))  # (total_q, H, Dv); rows of empty sequences stay 0
