@@ -85,6 +85,26 @@ def test_left_padded_chunks_with_and_without_causality(is_causal):
     np.testing.assert_allclose(alone, expected[:, :, 9:], atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_window_and_softcap_with_left_padding(is_causal):
+    q, k, v = _data()
+    q, k = 3 * q, 3 * k  # scores past the soft cap
+    real = np.ones((3, 14), dtype=bool)
+    real[1, :3] = False
+    options = {"window": (4, 0) if is_causal else (4, 2), "softcap": 2.0}
+    cache = KVCache(3, 2, 8, 6)
+    cache.append(k[:, :, :8], v[:, :, :8], key_padding=real[:, :8])
+    out = cache.attend(q[:, :, 8:12], k[:, :, 8:12], v[:, :, 8:12], is_causal=is_causal,
+                       **options)
+    G = 2
+    expected = scaled_dot_product_attention(
+        q[:, :, :12], np.repeat(k[:, :, :12], G, 1), np.repeat(v[:, :, :12], G, 1),
+        real[:, None, None, :12], is_causal=is_causal, **options)[:, :, 8:]
+    np.testing.assert_allclose(out, expected, atol=1e-12, rtol=0)
+    alone = cache.attend(q[:, :, 11:12], is_causal=is_causal, **options)  # no append
+    np.testing.assert_allclose(alone, expected[:, :, 3:], atol=1e-12, rtol=0)
+
+
 def test_padding_keys_have_no_influence():
     q, k, v = _data()
     real = np.ones((3, 14), dtype=bool)

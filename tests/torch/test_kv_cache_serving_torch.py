@@ -40,6 +40,7 @@ def test_left_padding_no_append_and_non_causal_match_the_numpy_twin():
         (slice(6, 7), {}),
         (slice(7, 10), {"is_causal": False}),
         (slice(10, 11), {}),
+        (slice(11, 13), {"softcap": 2.0, "window": (3, 0)}),
     ]
     for rows, options in calls:
         torch_options = {n: _t(o) if isinstance(o, np.ndarray) else o for n, o in options.items()}
@@ -51,8 +52,8 @@ def test_left_padding_no_append_and_non_causal_match_the_numpy_twin():
         b = twin.attend(q[:, :, :4], is_causal=is_causal)
         np.testing.assert_allclose(a.numpy(), b, atol=1e-12, rtol=0)
     np.testing.assert_array_equal(ours.key_padding.numpy(), twin.key_padding)
-    assert ours.lengths.tolist() == twin.lengths.tolist() == [7, 11, 9]
-    assert ours.length == twin.length == 11
+    assert ours.lengths.tolist() == twin.lengths.tolist() == [9, 13, 11]
+    assert ours.length == twin.length == 13
 
 
 def test_paged_cache_matches_the_numpy_twin():

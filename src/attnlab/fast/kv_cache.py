@@ -71,8 +71,8 @@ from ..errors import (
     check_scale,
     missing_extra,
 )
-from ..kernel import abs_max, attend, check_score_range
-from ..masks import causal_mask
+from ..kernel import abs_max, attend, check_score_range, check_softcap
+from ..masks import causal_mask, window_mask
 from ..shapes import (
     check_cache_query_shape,
     check_cache_room,
@@ -214,7 +214,7 @@ class _CacheBase:
 
 def _grouped_attention(
     q: np.ndarray, keys: np.ndarray, values: np.ndarray, allowed: np.ndarray | None,
-    scale: float,
+    scale: float, softcap: float | None = None,
 ) -> np.ndarray:
     """Attention of H query heads over Hkv shared key/value heads, without copying the keys.
 
@@ -235,7 +235,7 @@ def _grouped_attention(
     if allowed is not None and G > 1 and allowed.shape[-2] > 1:  # one row broadcasts as is
         reps = (1,) * (allowed.ndim - 2) + (G, 1)
         allowed = np.tile(allowed, reps)  # (..., G*T, S), rows in the order of `rows`
-    out, _ = attend(rows, keys, values, allowed, None, scale)  # (B, Hkv, G*T, Dv)
+    out, _ = attend(rows, keys, values, allowed, None, scale, softcap=softcap)  # (B, Hkv, G*T, Dv)
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
@@ -384,7 +384,8 @@ class KVCache(_CacheBase):
 
     def attend(
         self, q: Any, k: Any = None, v: Any = None, *, key_padding: Any = None,
-        is_causal: bool = True, scale: float | None = None,
+        is_causal: bool = True, scale: float | None = None, softcap: float | None = None,
+        window: Any = None,
     ) -> np.ndarray:
         """Append the T new tokens' k, v, then attend from their queries over the whole cache.
 
@@ -399,13 +400,16 @@ class KVCache(_CacheBase):
         queries are taken to be the last T positions held (or, not causal, to
         see all of them). ``key_padding`` (True = a real token) marks the new
         tokens' padding, never attended to from then on; a query that sees no
-        real key gets 0. ``scale`` defaults to 1/√D.
+        real key gets 0. ``scale`` defaults to 1/√D; ``softcap`` and ``window`` (an
+        int W or (left, right), cut at the query when causal) mean what they mean in
+        :func:`attnlab.scaled_dot_product_attention`.
 
         Equals :func:`attnlab.scaled_dot_product_attention` over the whole
-        sequence with ``mask = key_padding[:, None, None, :]`` (all of it so far)
-        and ``is_causal``, at the last T queries.
+        sequence with ``mask = key_padding[:, None, None, :]`` (all of it so far),
+        ``is_causal``, ``softcap`` and ``window``, at the last T queries.
         """
         is_causal = check_flag(is_causal, "is_causal")
+        cap = check_softcap(softcap)
         if (k is None) != (v is None):
             raise AttnlabError("k, v: expected both (append, then attend) or neither (attend "
                                f"over the cache as it is), got k {type(k).__name__} and v "
@@ -433,10 +437,13 @@ class KVCache(_CacheBase):
         values = self._values[:, :, :S]  # (B, Hkv, S, Dv)
         # One query at the end of the cache sees every key: no causal mask needed.
         allowed = causal_mask(T, S) if is_causal and T > 1 else None  # (T, S)
+        if window is not None:
+            allowed = window_mask(T, S, window=window, is_causal=is_causal)  # (T, S)
         if self._padded:
             real = self._real[:, None, None, :S]  # (B, 1, 1, S)
             allowed = real if allowed is None else (real & allowed)  # (B, 1, T, S)
-        return _grouped_attention(q_arr, keys, values, allowed, scale_value)  # (B, H, T, Dv)
+        return _grouped_attention(q_arr, keys, values, allowed, scale_value,
+                                  cap)  # (B, H, T, Dv)
 
     def __repr__(self) -> str:
         return (
@@ -541,13 +548,18 @@ class SlidingWindowKVCache(_CacheBase):
             self._values[:, :, slot : slot + count] = v[:, :, first : first + count]
         self._length += T
 
-    def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> np.ndarray:
+    def attend(
+        self, q: Any, k: Any, v: Any, *, scale: float | None = None,
+        softcap: float | None = None,
+    ) -> np.ndarray:
         """Append the T new tokens' k, v, and attend from their queries within the window.
 
         Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
 
-        The query at position p sees keys ``max(0, p - W + 1) .. p``.
+        The query at position p sees keys ``max(0, p - W + 1) .. p``. ``softcap``
+        as in :func:`attnlab.scaled_dot_product_attention`.
         """
+        cap = check_softcap(softcap)
         k_arr, v_arr = self._check_kv(k, v)
         T = k_arr.shape[2]
         q_arr = self._check_q(q, T)
@@ -561,7 +573,7 @@ class SlidingWindowKVCache(_CacheBase):
             self._write(k_arr, v_arr)
             n = min(self._length, W)
             return _grouped_attention(q_arr, self._keys[:, :, :n], self._values[:, :, :n], None,
-                                      scale_value)  # (B, H, 1, Dv)
+                                      scale_value, cap)  # (B, H, 1, Dv)
         held = held_positions(self._length, W)
         keys = np.concatenate([self._in_order(self._keys), k_arr], axis=2)  # (B, Hkv, n + T, D)
         values = np.concatenate([self._in_order(self._values), v_arr],
@@ -570,7 +582,7 @@ class SlidingWindowKVCache(_CacheBase):
         key_pos = np.arange(held.start, self._length + T)  # (n + T,)
         offset = key_pos[None, :] - query_pos[:, None]  # (T, n + T)
         allowed = (offset <= 0) & (offset > -W)  # (T, n + T): the W most recent, itself included
-        out = _grouped_attention(q_arr, keys, values, allowed, scale_value)  # (B, H, T, Dv)
+        out = _grouped_attention(q_arr, keys, values, allowed, scale_value, cap)  # (B, H, T, Dv)
         self._write(k_arr, v_arr)
         return out
 

@@ -37,6 +37,7 @@ from typing import Any, cast
 import torch
 
 from ..errors import AttnlabError, check_alloc, check_flag, check_positive_int, check_scale
+from ..kernel import check_softcap
 from ..shapes import (
     check_cache_query_shape,
     check_cache_room,
@@ -49,6 +50,7 @@ from ..shapes import (
 from . import debug
 from .checks import as_bool_tensor, as_float_tensor
 from .kernel import attend, causal_allowed, window_allowed
+from .masks import window_mask
 
 __all__ = ["KVCache", "SlidingWindowKVCache"]
 
@@ -159,7 +161,7 @@ class _CacheBase:
 
 def _grouped_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor | None,
-    scale: float,
+    scale: float, softcap: float | None = None,
 ) -> torch.Tensor:
     """Shapes: q (B, H, T, D), keys (B, Hkv, S, D), values (B, Hkv, S, Dv),
     allowed bool (T, S), (B, 1, T, S) or None -> (B, H, T, Dv)."""
@@ -170,7 +172,8 @@ def _grouped_attention(
     if allowed is not None and G > 1 and allowed.shape[-2] > 1:  # one row broadcasts as is
         reps = (1,) * (allowed.ndim - 2) + (G, 1)
         allowed = allowed.repeat(*reps)  # (..., G*T, S), rows in the order of `rows`
-    out = cast(torch.Tensor, attend(rows, keys, values, allowed, None, scale))  # (B, Hkv, G*T, Dv)
+    out = cast(torch.Tensor, attend(rows, keys, values, allowed, None, scale,
+                                    softcap=softcap))  # (B, Hkv, G*T, Dv)
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
@@ -290,7 +293,8 @@ class KVCache(_CacheBase):
 
     def attend(
         self, q: Any, k: Any = None, v: Any = None, *, key_padding: Any = None,
-        is_causal: bool = True, scale: float | None = None,
+        is_causal: bool = True, scale: float | None = None, softcap: float | None = None,
+        window: Any = None,
     ) -> torch.Tensor:
         """Append the T new tokens' k, v, then attend from their queries over the whole cache.
 
@@ -302,9 +306,11 @@ class KVCache(_CacheBase):
         bottom-right aligned; ``is_causal=False`` lets the T queries see every key
         held. ``k = v = None`` attends without appending. ``key_padding`` (True =
         a real token) marks the new tokens' padding, never attended to; a query
-        that sees no real key gets 0. ``scale`` defaults to 1/√D.
+        that sees no real key gets 0. ``scale`` defaults to 1/√D; ``softcap`` and
+        ``window`` as in the NumPy twin.
         """
         is_causal = check_flag(is_causal, "is_causal")
+        cap = check_softcap(softcap)
         if (k is None) != (v is None):
             raise AttnlabError("k, v: expected both (append, then attend) or neither (attend "
                                f"over the cache as it is), got k {type(k).__name__} and v "
@@ -331,11 +337,13 @@ class KVCache(_CacheBase):
             self._write(k_t, v_t, padding)
         # One query at the end of the cache sees every key: no causal mask needed.
         allowed = causal_allowed(T, S, self.device) if is_causal and T > 1 else None  # (T, S)
+        if window is not None:
+            allowed = window_mask(T, S, window=window, is_causal=is_causal, device=self.device)
         if self._padded:
             real = self._real[:, None, None, :S]  # (B, 1, 1, S)
             allowed = real if allowed is None else (real & allowed)  # (B, 1, T, S)
         return _grouped_attention(q_t, self._keys[:, :, :S], self._values[:, :, :S], allowed,
-                                  scale_value)  # (B, H, T, Dv)
+                                  scale_value, cap)  # (B, H, T, Dv)
 
     def __repr__(self) -> str:
         return (
@@ -423,7 +431,10 @@ class SlidingWindowKVCache(_CacheBase):
             self._values[:, :, slot : slot + count] = v[:, :, first : first + count]
         self._length += T
 
-    def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> torch.Tensor:
+    def attend(
+        self, q: Any, k: Any, v: Any, *, scale: float | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
         """Append the T new tokens' k, v, and attend from their queries within the window.
 
         Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
@@ -433,6 +444,7 @@ class SlidingWindowKVCache(_CacheBase):
         window, in any order); a chunk of T > 1 attends over the held keys in
         position order followed by the chunk, and is written afterwards.
         """
+        cap = check_softcap(softcap)
         k_t, v_t = self._check_kv(k, v)
         T = k_t.shape[2]
         q_t = self._check_q(q, T)
@@ -444,14 +456,14 @@ class SlidingWindowKVCache(_CacheBase):
             self._write(k_t, v_t)
             n = min(self._length, W)
             return _grouped_attention(q_t, self._keys[:, :, :n], self._values[:, :, :n], None,
-                                      scale_value)  # (B, H, 1, Dv)
+                                      scale_value, cap)  # (B, H, 1, Dv)
         held = held_positions(self._length, W)
         keys = torch.cat([self._in_order(self._keys), k_t], dim=2)  # (B, Hkv, n + T, D)
         values = torch.cat([self._in_order(self._values), v_t], dim=2)  # (B, Hkv, n + T, Dv)
         query_pos = torch.arange(self._length, self._length + T, device=self.device)  # (T,)
         key_pos = torch.arange(held.start, self._length + T, device=self.device)  # (n + T,)
         allowed = window_allowed(query_pos, key_pos, W, True)  # (T, n + T)
-        out = _grouped_attention(q_t, keys, values, allowed, scale_value)  # (B, H, T, Dv)
+        out = _grouped_attention(q_t, keys, values, allowed, scale_value, cap)  # (B, H, T, Dv)
         self._write(k_t, v_t)
         return out
 

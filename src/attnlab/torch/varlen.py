@@ -14,9 +14,10 @@ aligned), query head h reading key/value head h // (H / Hkv). Gradients flow
 to q, k and v through autograd.
 
 The sequences of one (T_b, S_b) are gathered into one batch and go through
-:func:`attnlab.torch.kernel.attend` (torch's fused kernel unless a soft cap asks for the plain path); the results are scattered back into the packed
-rows. ``cu_seqlens`` are read on the host (as ``max_seqlen`` must be) to group
-the sequences.
+:func:`attnlab.torch.kernel.attend` (torch's fused kernel, unless a soft cap
+asks for the plain path); the results are scattered back into the packed rows.
+``cu_seqlens`` are read on the host (as ``max_seqlen`` must be) to group the
+sequences.
 
 Dimension legend: B sequences, H query heads, Hkv key/value heads, T_b / S_b
 sequence b's query / key length, D head dim, Dv value dim.
