@@ -72,7 +72,8 @@ def to_numpy(module: nn.Module) -> Any:
 
 
 def to_torch_multihead(mha: MultiHeadAttention) -> nn.MultiheadAttention:
-    """An ``nn.MultiheadAttention(batch_first=True)`` computing the same thing as ``mha``.
+    """An ``nn.MultiheadAttention`` computing the same thing as ``mha``, in its layout
+    (``batch_first``).
 
     Possible only for what that class can express: Hkv = H, Dv = D, H * D = E,
     output width E, all four biases or none, no RoPE or ALiBi. Remember its masks
@@ -104,8 +105,9 @@ def to_torch_multihead(mha: MultiHeadAttention) -> nn.MultiheadAttention:
         )
     weight = mha.q_proj.weight
     target = nn.MultiheadAttention(
-        E, H, dropout=mha.dropout, bias=all(has_bias), kdim=mha.d_context, vdim=mha.d_context,
-        batch_first=True, device=weight.device, dtype=weight.dtype,
+        E, H, dropout=mha.dropout, bias=all(has_bias), kdim=mha.d_context,
+        vdim=mha.d_value_context, batch_first=mha.batch_first, device=weight.device,
+        dtype=weight.dtype,
     )
     with torch.no_grad():
         if target._qkv_same_embed_dim:
@@ -128,8 +130,10 @@ def to_torch_multihead(mha: MultiHeadAttention) -> nn.MultiheadAttention:
 def from_torch_multihead(module: nn.MultiheadAttention) -> MultiHeadAttention:
     """An attnlab.torch.MultiHeadAttention with the parameters of ``module``.
 
-    attnlab's module is always batch-first, whatever ``module.batch_first`` says.
-    ``add_bias_kv`` and ``add_zero_attn`` have no counterpart and are refused.
+    Everything carries over: the layout (``batch_first``, torch's default False
+    reads (T, B, E)), ``kdim`` / ``vdim`` (``d_context`` / ``d_value_context``) and
+    dropout. ``add_bias_kv`` and ``add_zero_attn`` have no counterpart and are refused.
+    The masks keep attnlab's meaning (True = may attend).
     """
     if not isinstance(module, nn.MultiheadAttention):
         raise AttnlabError(
@@ -140,16 +144,13 @@ def from_torch_multihead(module: nn.MultiheadAttention) -> MultiHeadAttention:
             "module: expected add_bias_kv=False and add_zero_attn=False, which attnlab "
             "has no counterpart for"
         )
-    if module.kdim != module.vdim:
-        raise AttnlabError(
-            f"module: expected kdim == vdim, got kdim = {module.kdim}, vdim = {module.vdim}"
-        )
     E, H = module.embed_dim, module.num_heads
     weight = module.out_proj.weight
     has_bias = module.in_proj_bias is not None
     mha = MultiHeadAttention(
-        H, E, dropout=module.dropout, d_context=module.kdim, use_bias=has_bias,
-        device=weight.device, dtype=weight.dtype,
+        H, E, dropout=module.dropout, d_context=module.kdim, d_value_context=module.vdim,
+        use_bias=has_bias, batch_first=module.batch_first, device=weight.device,
+        dtype=weight.dtype,
     )
     with torch.no_grad():
         if module._qkv_same_embed_dim:

@@ -78,7 +78,10 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: Hkv for grouped-query attention (default H; must divide H).
             Query head h reads key/value head h // (H / Hkv).
         head_dim, value_head_dim: D (default E // H) and Dv (default D).
-        d_context: Ekv, width of ``key`` / ``value`` (default E). d_out: output width (default E).
+        d_context: Ekv, width of ``key`` (and ``value``; default E).
+        d_value_context: Ev, width of ``value`` when it differs from the key's
+            (default Ekv; torch's ``kdim`` is ``d_context``, its ``vdim`` this).
+        d_out: output width (default E).
         use_bias: biases on all four projections (``bias`` is the additive score bias
             of a call, as everywhere in attnlab).
         v_gain: scales the Xavier init of the value projection (seed 001's "smaller V").
@@ -86,10 +89,12 @@ class MultiHeadAttention(nn.Module):
             ``rope_interleaved``; keys sit at positions 0 .. S-1 and queries at
             S - T .. S - 1 (bottom-right, so a cached decoding step is right).
         alibi: add ``alibi_bias(H, T, S)`` to the scores (combine with ``is_causal``).
+        batch_first: inputs and output are (B, T, E) (default, attnlab's layout); False
+            reads and returns (T, B, E), torch.nn.MultiheadAttention's default layout.
         generator: the torch.Generator the Xavier init draws from (default: torch's global one).
 
     Parameters: ``q_proj`` (E -> H*D), ``k_proj`` (Ekv -> Hkv*D), ``v_proj``
-    (Ekv -> Hkv*Dv), ``out_proj`` (H*Dv -> E_out), all ``nn.Linear``; Xavier-uniform
+    (Ev -> Hkv*Dv), ``out_proj`` (H*Dv -> E_out), all ``nn.Linear``; Xavier-uniform
     weights and zero biases, as the NumPy core's ``MultiHeadAttention.init``.
 
     Formula, for head h (g the key/value head it reads)::
@@ -97,10 +102,15 @@ class MultiHeadAttention(nn.Module):
         head_h = softmax((query Wq_h)(key Wk_g)ᵀ / √D  [masked]) (value Wv_g)
         out    = concat(head_1, ..., head_H) Wo + bo
 
+    Calls return an ``(out, weights)`` pair like ``nn.MultiheadAttention``'s
+    (``weights`` is None unless ``return_weights``), so torch's idiom
+    ``out, _ = mha(x, x, x)`` means the same here; masks and flags are keyword-only.
+
     >>> mha = MultiHeadAttention(2, 8)
     >>> x = torch.ones(1, 3, 8)
-    >>> mha(x, x, x).shape
-    torch.Size([1, 3, 8])
+    >>> out, weights = mha(x, x, x)
+    >>> out.shape, weights
+    (torch.Size([1, 3, 8]), None)
     >>> out, weights = mha(x, x, x, return_weights=True)
     >>> weights.shape
     torch.Size([1, 2, 3, 3])
@@ -116,6 +126,7 @@ class MultiHeadAttention(nn.Module):
         head_dim: int | None = None,
         value_head_dim: int | None = None,
         d_context: int | None = None,
+        d_value_context: int | None = None,
         d_out: int | None = None,
         use_bias: bool = True,
         v_gain: float = 1.0,
@@ -126,8 +137,10 @@ class MultiHeadAttention(nn.Module):
         rope_base: float = 10000.0,
         rope_interleaved: bool = False,
         alibi: bool = False,
+        batch_first: bool = True,
     ) -> None:
         super().__init__()
+        self.batch_first = check_flag(batch_first, "batch_first")
         H = check_positive_int(num_heads, "num_heads")
         E = check_positive_int(d_model, "d_model")
         Hkv = H if num_kv_heads is None else check_positive_int(num_kv_heads, "num_kv_heads")
@@ -145,6 +158,9 @@ class MultiHeadAttention(nn.Module):
         D = check_positive_int(head_dim, "head_dim")
         Dv = D if value_head_dim is None else check_positive_int(value_head_dim, "value_head_dim")
         Ekv = E if d_context is None else check_positive_int(d_context, "d_context")
+        Ev = Ekv if d_value_context is None else check_positive_int(
+            d_value_context, "d_value_context"
+        )
         E_out = E if d_out is None else check_positive_int(d_out, "d_out")
         use_bias = check_flag(use_bias, "use_bias")
         self.rope = check_flag(rope, "rope")
@@ -162,15 +178,16 @@ class MultiHeadAttention(nn.Module):
             raise AttnlabError(f"v_gain: expected a finite number >= 0, got {v_gain!r}")
 
         for shape, what in (((H * D, E), "q_proj"), ((Hkv * D, Ekv), "k_proj"),
-                            ((Hkv * Dv, Ekv), "v_proj"), ((E_out, H * Dv), "out_proj")):
+                            ((Hkv * Dv, Ev), "v_proj"), ((E_out, H * Dv), "out_proj")):
             check_alloc(shape, torch.float64, f"the weight of {what} (out, in)",
                         "num_heads, d_model")
         self.num_heads, self.num_kv_heads, self.head_dim, self.value_head_dim = H, Hkv, D, Dv
         self.d_model, self.d_context, self.d_out = E, Ekv, E_out
+        self.d_value_context = Ev
         factory = {"device": device, "dtype": check_module_dtype(dtype)}
         self.q_proj = nn.Linear(E, H * D, bias=use_bias, **factory)
         self.k_proj = nn.Linear(Ekv, Hkv * D, bias=use_bias, **factory)
-        self.v_proj = nn.Linear(Ekv, Hkv * Dv, bias=use_bias, **factory)
+        self.v_proj = nn.Linear(Ev, Hkv * Dv, bias=use_bias, **factory)
         self.out_proj = nn.Linear(H * Dv, E_out, bias=use_bias, **factory)
         self.reset_parameters(v_gain=float(v_gain), generator=generator)
 
@@ -194,6 +211,8 @@ class MultiHeadAttention(nn.Module):
                          f"rope_interleaved={self.rope_interleaved}")
         if self.alibi:
             parts.append("alibi=True")
+        if not self.batch_first:
+            parts.append("batch_first=False")
         return ", ".join(parts)
 
     def forward(
@@ -201,36 +220,44 @@ class MultiHeadAttention(nn.Module):
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        mask: torch.Tensor | None = None,
         *,
+        mask: torch.Tensor | None = None,
         key_padding: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
         is_causal: bool = False,
         return_weights: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (pass the same tensor three times for
-        self-attention).
+        self-attention). Returns ``(out, weights)``; ``weights`` is None unless
+        ``return_weights``.
 
         Shapes:
-            query       (B, T, E) or (T, E)
-            key, value  (B, S, Ekv) or (S, Ekv)
+            query       (B, T, E) or (T, E); (T, B, E) if ``batch_first=False``
+            key, value  (B, S, Ekv) or (S, Ekv); (S, B, Ekv) if ``batch_first=False``
             mask        bool, broadcastable to (B, H, T, S); True = may attend
                         (torch.nn.MultiheadAttention's attn_mask is the opposite: True blocks)
             key_padding bool (B, S); True = a real token (the opposite of torch's
                         key_padding_mask)
             bias        float, broadcastable to (B, H, T, S), added to the scaled scores
-            ->          out (B, T, E_out), and per-head weights (B, H, T, S) if
-                        ``return_weights`` (torch.nn.MultiheadAttention averages them
-                        over heads)
+            ->          out (B, T, E_out) (the query's layout), and per-head weights
+                        (B, H, T, S) if ``return_weights`` (torch.nn.MultiheadAttention
+                        averages them over heads by default), else None
 
-        ``is_causal`` is bottom-right aligned (query i may see keys j ≤ S - T + i).
-        Rows with nothing to attend to give 0.
+        Masks and flags are keyword-only: torch's 4th positional argument is
+        ``key_padding_mask`` (True = padding), attnlab's masks mean the opposite, so a
+        torch-style positional call is refused rather than read the other way round.
+        ``is_causal`` is bottom-right aligned (query i may see keys j ≤ S - T + i);
+        torch's ``F.scaled_dot_product_attention`` is top-left (``attnlab.torch.compat``
+        has torch's). Rows with nothing to attend to give 0.
         """
         inputs = self.check_inputs(query, key, value, mask, key_padding, bias, is_causal)
         if check_flag(return_weights, "return_weights"):  # weights: a (B, H, T, S) tensor
             lead, T, S = inputs.query.shape[:-2], inputs.query.shape[-2], inputs.key.shape[-2]
             check_score_elements((*lead, self.num_heads, T, S), PLAIN_PATH_HINT)
-        return self.forward_checked(inputs, return_weights)
+        out, weights = self.forward_checked(inputs, return_weights)
+        if not self.batch_first and out.ndim == 3:
+            out = out.transpose(0, 1)  # (T, B, E_out), the caller's layout
+        return out, weights
 
     def check_inputs(
         self,
@@ -245,6 +272,8 @@ class MultiHeadAttention(nn.Module):
     ) -> MultiHeadInputs:
         """Every check of :meth:`forward`, before any math; ``names`` are the arguments'.
 
+        Inputs come back batch-first whatever ``batch_first`` says.
+
         Shapes, dtypes and devices always; values only under
         :func:`attnlab.torch.debug_checks`. :meth:`forward_checked` computes on the result.
         """
@@ -253,8 +282,11 @@ class MultiHeadAttention(nn.Module):
         q_in = module_input(query, q_name, like)
         k_in = module_input(key, k_name, like)
         v_in = module_input(value, v_name, like)
+        if not self.batch_first:  # (T, B, E) -> (B, T, E); unbatched (T, E) is the same
+            q_in, k_in, v_in = (t.transpose(0, 1) if t.ndim == 3 else t
+                                for t in (q_in, k_in, v_in))
         lead, T, S = check_module_inputs(q_in.shape, k_in.shape, v_in.shape, self.d_model,
-                                         self.d_context, names)
+                                         self.d_context, names, Ev=self.d_value_context)
         score_shape = (*lead, self.num_heads, T, S)
         score_layout = "(B, H, T, S)" if lead else "(H, T, S)"
         is_causal = check_flag(is_causal, "is_causal")
@@ -298,9 +330,11 @@ class MultiHeadAttention(nn.Module):
 
     def forward_checked(
         self, c: MultiHeadInputs, return_weights: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The math of :meth:`forward` on inputs from :meth:`check_inputs` (no checks;
-        under :func:`attnlab.torch.debug_checks`, the projected scores' overflow bound)."""
+        under :func:`attnlab.torch.debug_checks`, the projected scores' overflow bound).
+
+        Batch-first in and out: (B, T, E) -> (B, T, E_out), weights (B, H, T, S) or None."""
         H, Hkv = self.num_heads, self.num_kv_heads
         D, Dv = self.head_dim, self.value_head_dim
         lead = tuple(c.query.shape[:-2])
@@ -333,7 +367,7 @@ class MultiHeadAttention(nn.Module):
         heads, weights = result if isinstance(result, tuple) else (result, None)
         merged = heads.transpose(-3, -2).reshape(*lead, T, H * Dv)  # (B, T, H*Dv)
         out = self.out_proj(merged)  # (B, T, E_out)
-        return out if weights is None else (out, weights)
+        return out, weights
 
     @classmethod
     def from_numpy(
@@ -359,6 +393,7 @@ class MultiHeadAttention(nn.Module):
             mha.num_heads, mha.Wq.shape[0], dropout=dropout,
             num_kv_heads=mha.num_kv_heads, head_dim=mha.head_dim,
             value_head_dim=mha.value_head_dim, d_context=mha.Wk.shape[0],
+            d_value_context=mha.Wv.shape[0],
             d_out=mha.Wo.shape[1], device=device, dtype=dtype,
             rope=mha.rope is not None, alibi=mha.alibi,
             rope_base=mha.rope.base if mha.rope is not None else 10000.0,
