@@ -111,3 +111,69 @@ def test_keys_and_values_from_inputs_of_different_widths():
     with pytest.raises(attnlab.AttnlabError, match=r"^value: expected an input of width 3"):
         core(x.numpy(), key.numpy())
     assert at.to_torch_multihead(ours).vdim == 3
+
+
+# ------------------------------------------- nn.MultiheadAttention's options, on attnlab's own
+
+OPTIONS = [
+    {"add_bias_kv": True},
+    {"add_zero_attn": True},
+    {"add_bias_kv": True, "add_zero_attn": True, "kdim": 5, "vdim": 3},
+    {"add_bias_kv": True, "bias": False, "batch_first": True},
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(o))
+def test_state_dict_of_any_torch_module_loads_and_gives_its_outputs(options):
+    """``load_state_dict(nn_mha.state_dict())`` (torch's keys: in_proj_weight, bias_k (1, 1, E),
+    ...) on a module built with the same options gives torch's outputs, masks and all."""
+    theirs = torch_module(**options)
+    if theirs.bias_k is not None:
+        with torch.no_grad():
+            theirs.bias_k.normal_(), theirs.bias_v.normal_()
+    ours = at.MultiHeadAttention(
+        2, 8, d_context=options.get("kdim"), d_value_context=options.get("vdim"),
+        use_bias=options.get("bias", True), batch_first=options.get("batch_first", False),
+        add_bias_kv=options.get("add_bias_kv", False),
+        add_zero_attn=options.get("add_zero_attn", False), dtype=torch.float64,
+    ).eval()
+    ours.load_state_dict(theirs.state_dict())
+    B, T, S = 3, 4, 6
+    lead = (lambda n: (B, n)) if theirs.batch_first else (lambda n: (n, B))
+    x = torch.randn(*lead(T), 8, dtype=torch.float64)
+    key = torch.randn(*lead(S), theirs.kdim, dtype=torch.float64)
+    value = torch.randn(*lead(S), theirs.vdim, dtype=torch.float64)
+    kp = torch.rand(B, S, generator=torch.Generator().manual_seed(3)) < 0.7
+    blocked = torch.rand(T, S, generator=torch.Generator().manual_seed(4)) < 0.3
+    for average in (False, True):
+        ref, ref_w = theirs(x, key, value, key_padding_mask=~kp, attn_mask=blocked,
+                            average_attn_weights=average)
+        out, w = ours(x, key, value, key_padding=kp, mask=~blocked, return_weights=True,
+                      average_attn_weights=average)
+        torch.testing.assert_close(out, ref, **TOL64)
+        torch.testing.assert_close(w, ref_w, **TOL64)
+    fused, _ = ours(x, key, value, key_padding=kp, mask=~blocked)  # the no-weights path
+    torch.testing.assert_close(fused, ref, **TOL64)
+    # attnlab's bottom-right is_causal on top of the extra keys: torch given that mask
+    causal = torch.ones(T, S, dtype=torch.bool).tril(S - T)  # True = may attend
+    ref, _ = theirs(x, key, value, attn_mask=~causal, need_weights=False)
+    torch.testing.assert_close(ours(x, key, value, is_causal=True)[0], ref, **TOL64)
+    # and back: to_torch_multihead carries the options and parameters
+    back = at.to_torch_multihead(ours).eval()
+    assert (back.bias_k is None) == (theirs.bias_k is None)
+    assert back.add_zero_attn == theirs.add_zero_attn
+    torch.testing.assert_close(back(x, key, value)[0], theirs(x, key, value)[0], **TOL64)
+    converted = at.from_torch_multihead(theirs).eval()
+    torch.testing.assert_close(converted(x, key, value)[0],
+                               theirs(x, key, value, need_weights=False)[0], **TOL64)
+
+
+def test_average_attn_weights_is_the_mean_over_heads_in_both_twins():
+    ours = at.MultiHeadAttention(4, 8, dtype=torch.float64)
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    _, per_head = ours(x, x, x, return_weights=True)
+    _, averaged = ours(x, x, x, return_weights=True, average_attn_weights=True)
+    torch.testing.assert_close(averaged, per_head.mean(dim=1), **TOL64)
+    _, core_averaged = ours.to_numpy()(x.numpy(), return_weights=True,
+                                       average_attn_weights=True)
+    np.testing.assert_allclose(core_averaged, averaged.detach().numpy(), **TOL64)

@@ -60,7 +60,10 @@ TWINS = [
          torch_only={"generator", "device", "dropout", "value_head_dim", "d_out",
                      "rope_interleaved",
                      # torch's (T, B, E) layout option: the NumPy core is batch-first.
-                     "batch_first"},
+                     "batch_first",
+                     # nn.MultiheadAttention's extra keys; the NumPy core (and its
+                     # backward) has no counterpart yet.
+                     "add_bias_kv", "add_zero_attn"},
          dtype_defaults_differ=True),  # float64 like the NumPy core, torch's default float
     Twin("MultiHeadAttention call", attnlab.MultiHeadAttention.__call__,
          at.MultiHeadAttention.forward, numpy_only={"recorder"},

@@ -308,6 +308,7 @@ class MultiHeadAttention:
         bias: Any = None,
         is_causal: bool = False,
         return_weights: bool = False,
+        average_attn_weights: bool = False,
         recorder: Recorder | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Attend from ``x`` to ``context`` (default: ``x`` itself); returns ``(out, weights)``,
@@ -323,19 +324,24 @@ class MultiHeadAttention:
             bias        float, broadcastable to (B, H, T, S), e.g. ALiBi (H, T, S)
             recorder    an :class:`attnlab.trace.Recorder` to keep Q, K, V, scores,
                         weights, per-head outputs (per head, one batch item)
-            ->          out (B, T, E_out), and per-head weights (B, H, T, S) or None
+            ->          out (B, T, E_out), and per-head weights (B, H, T, S) if
+                        ``return_weights`` ((B, T, S), their mean over heads, with
+                        ``average_attn_weights``, torch's default), else None
 
         Masks and flags are keyword-only (torch's 4th positional argument is
         ``key_padding_mask``, True = padding: the opposite of attnlab's masks).
         """
         return_weights = check_flag(return_weights, "return_weights")
+        average = check_flag(average_attn_weights, "average_attn_weights")
         x_arr, ctx, allowed, bias_arr, is_causal = self.check_call(
             x, context, mask, key_padding=key_padding, bias=bias, is_causal=is_causal
         )
         value_arr = self.check_value(value, ctx)
         out, weights = self.forward(x_arr, ctx, allowed, bias_arr, recorder=recorder,
                                     value=value_arr)
-        return out, (weights if return_weights else None)
+        if not return_weights:
+            return out, None
+        return out, (weights.mean(axis=-3) if average else weights)  # (B, T, S) or (B, H, T, S)
 
     def check_value(self, value: Any, context: np.ndarray) -> np.ndarray | None:
         """The values' own input: (B, S, Ev), the keys' batch and length. -> a float array

@@ -24,6 +24,7 @@ import math
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..errors import (
@@ -44,7 +45,7 @@ from .checks import (
     check_same_device,
     module_input,
 )
-from .kernel import PLAIN_PATH_HINT, attend
+from .kernel import PLAIN_PATH_HINT, attend, causal_allowed
 from .params import to_array, to_optional_array, to_param, torch_dtype
 from .positional import alibi_values, rotate
 
@@ -91,6 +92,12 @@ class MultiHeadAttention(nn.Module):
         alibi: add ``alibi_bias(H, T, S)`` to the scores (combine with ``is_causal``).
         batch_first: inputs and output are (B, T, E) (default, attnlab's layout); False
             reads and returns (T, B, E), torch.nn.MultiheadAttention's default layout.
+        add_bias_kv: learn one more key and value (``bias_k`` (Hkv*D,), ``bias_v``
+            (Hkv*Dv,)), appended after the S keys and open to every query, as
+            ``nn.MultiheadAttention(add_bias_kv=True)``.
+        add_zero_attn: append a key and value of zeros per head (after ``bias_k``), as
+            ``nn.MultiheadAttention(add_zero_attn=True)``: a query may put weight on
+            "nothing". Each option adds a column to the weights (S + 1 keys).
         generator: the torch.Generator the Xavier init draws from (default: torch's global one).
 
     Parameters: ``q_proj`` (E -> H*D), ``k_proj`` (Ekv -> Hkv*D), ``v_proj``
@@ -138,6 +145,8 @@ class MultiHeadAttention(nn.Module):
         rope_interleaved: bool = False,
         alibi: bool = False,
         batch_first: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
     ) -> None:
         super().__init__()
         self.batch_first = check_flag(batch_first, "batch_first")
@@ -189,7 +198,15 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(Ekv, Hkv * D, bias=use_bias, **factory)
         self.v_proj = nn.Linear(Ev, Hkv * Dv, bias=use_bias, **factory)
         self.out_proj = nn.Linear(H * Dv, E_out, bias=use_bias, **factory)
+        self.bias_k: nn.Parameter | None = None
+        self.bias_v: nn.Parameter | None = None
+        if check_flag(add_bias_kv, "add_bias_kv"):
+            self.bias_k = nn.Parameter(torch.empty(Hkv * D, **factory))  # (Hkv*D,)
+            self.bias_v = nn.Parameter(torch.empty(Hkv * Dv, **factory))  # (Hkv*Dv,)
+        self.add_zero_attn = check_flag(add_zero_attn, "add_zero_attn")
         self.reset_parameters(v_gain=float(v_gain), generator=generator)
+        # nn.MultiheadAttention's state_dict loads here too (in_proj_weight, bias_k, ...).
+        self._register_load_state_dict_pre_hook(_from_torch_layout, with_module=True)
 
     def reset_parameters(
         self, *, v_gain: float = 1.0, generator: torch.Generator | None = None
@@ -200,6 +217,9 @@ class MultiHeadAttention(nn.Module):
             nn.init.xavier_uniform_(linear.weight, gain=gain, generator=generator)
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
+        for extra in (self.bias_k, self.bias_v):
+            if extra is not None:  # torch's init for them: Xavier-normal of a (1, 1, n) tensor
+                nn.init.xavier_normal_(extra.view(1, 1, -1), generator=generator)
 
     def extra_repr(self) -> str:
         parts = [f"num_heads={self.num_heads}", f"d_model={self.d_model}",
@@ -213,6 +233,10 @@ class MultiHeadAttention(nn.Module):
             parts.append("alibi=True")
         if not self.batch_first:
             parts.append("batch_first=False")
+        if self.bias_k is not None:
+            parts.append("add_bias_kv=True")
+        if self.add_zero_attn:
+            parts.append("add_zero_attn=True")
         return ", ".join(parts)
 
     def forward(
@@ -226,10 +250,11 @@ class MultiHeadAttention(nn.Module):
         bias: torch.Tensor | None = None,
         is_causal: bool = False,
         return_weights: bool = False,
+        average_attn_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (pass the same tensor three times for
         self-attention). Returns ``(out, weights)``; ``weights`` is None unless
-        ``return_weights``.
+        ``return_weights``, per head unless ``average_attn_weights`` (torch's default).
 
         Shapes:
             query       (B, T, E) or (T, E); (T, B, E) if ``batch_first=False``
@@ -240,8 +265,9 @@ class MultiHeadAttention(nn.Module):
                         key_padding_mask)
             bias        float, broadcastable to (B, H, T, S), added to the scaled scores
             ->          out (B, T, E_out) (the query's layout), and per-head weights
-                        (B, H, T, S) if ``return_weights`` (torch.nn.MultiheadAttention
-                        averages them over heads by default), else None
+                        (B, H, T, S) if ``return_weights`` ((B, T, S) averaged over heads
+                        with ``average_attn_weights``, torch's default), else None;
+                        S + 1 keys for each of ``add_bias_kv``, ``add_zero_attn``
 
         Masks and flags are keyword-only: torch's 4th positional argument is
         ``key_padding_mask`` (True = padding), attnlab's masks mean the opposite, so a
@@ -251,10 +277,13 @@ class MultiHeadAttention(nn.Module):
         has torch's). Rows with nothing to attend to give 0.
         """
         inputs = self.check_inputs(query, key, value, mask, key_padding, bias, is_causal)
+        average = check_flag(average_attn_weights, "average_attn_weights")
         if check_flag(return_weights, "return_weights"):  # weights: a (B, H, T, S) tensor
             lead, T, S = inputs.query.shape[:-2], inputs.query.shape[-2], inputs.key.shape[-2]
             check_score_elements((*lead, self.num_heads, T, S), PLAIN_PATH_HINT)
         out, weights = self.forward_checked(inputs, return_weights)
+        if weights is not None and average:
+            weights = weights.mean(dim=-3)  # (B, T, S)
         if not self.batch_first and out.ndim == 3:
             out = out.transpose(0, 1)  # (T, B, E_out), the caller's layout
         return out, weights
@@ -348,19 +377,39 @@ class MultiHeadAttention(nn.Module):
                        interleaved=self.rope_interleaved)  # (B, H, T, D)
             k = rotate(k, key_pos, base=self.rope_base,
                        interleaved=self.rope_interleaved)  # (B, Hkv, S, D)
-        if H != Hkv:
-            k = k.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S, D)
-            v = v.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S, Dv)
-        bias = c.bias
+        bias, allowed, is_causal = c.bias, c.allowed, c.is_causal
         if self.alibi:
             slopes_bias = alibi_values(H, T, S, dtype=q.dtype, device=q.device)  # (H, T, S)
             bias = slopes_bias if bias is None else bias + slopes_bias  # (B, H, T, S)
+        extra = 0
+        if self.bias_k is not None and self.bias_v is not None:
+            k = torch.cat([k, self.bias_k.view(Hkv, 1, D).expand(*lead, Hkv, 1, D)],
+                          dim=-2)  # (B, Hkv, S + 1, D)
+            v = torch.cat([v, self.bias_v.view(Hkv, 1, Dv).expand(*lead, Hkv, 1, Dv)],
+                          dim=-2)  # (B, Hkv, S + 1, Dv)
+            extra += 1
+        if self.add_zero_attn:
+            k = torch.cat([k, k.new_zeros(*lead, Hkv, 1, D)], dim=-2)  # (B, Hkv, S', D)
+            v = torch.cat([v, v.new_zeros(*lead, Hkv, 1, Dv)], dim=-2)  # (B, Hkv, S', Dv)
+            extra += 1
+        if extra:  # the appended keys are open to every query; masks and bias cover S only
+            if is_causal:
+                causal = causal_allowed(T, S, q.device)  # (T, S)
+                allowed = causal if allowed is None else allowed & causal  # (B, H, T, S)
+                is_causal = False
+            if allowed is not None:
+                allowed = F.pad(allowed, (0, extra), value=True)  # (B, H, T, S')
+            if bias is not None:
+                bias = F.pad(bias, (0, extra), value=0.0)  # (B, H, T, S')
+        if H != Hkv:
+            k = k.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S', D)
+            v = v.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S', Dv)
         scale = 1.0 / math.sqrt(D)
         if debug.debug_checks_enabled():
             debug.check_tensor_score_range(q, k, bias, scale)
         result = attend(
-            q, k, v, c.allowed, bias, scale,
-            is_causal=c.is_causal,
+            q, k, v, allowed, bias, scale,
+            is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=return_weights,
         )  # (B, H, T, Dv) [, (B, H, T, S)]
@@ -415,9 +464,18 @@ class MultiHeadAttention(nn.Module):
         """The NumPy :class:`attnlab.MultiHeadAttention` with these parameters.
 
         RoPE and ALiBi carry over (a :class:`attnlab.positional_relative.RotaryEmbedding`
-        with the same base and layout, and ``alibi=True``).
+        with the same base and layout, and ``alibi=True``); the NumPy class is
+        batch-first. ``add_bias_kv`` and ``add_zero_attn`` have no NumPy counterpart
+        (nor a NumPy backward) and are refused.
         """
         from ..positional_relative import RotaryEmbedding
+
+        if self.bias_k is not None or self.add_zero_attn:
+            raise AttnlabError(
+                "module: expected add_bias_kv=False and add_zero_attn=False (the NumPy "
+                "MultiHeadAttention has neither), got "
+                f"add_bias_kv={self.bias_k is not None}, add_zero_attn={self.add_zero_attn}"
+            )
 
         rope = (RotaryEmbedding(self.head_dim, base=self.rope_base,
                                 interleaved=self.rope_interleaved) if self.rope else None)
@@ -435,3 +493,32 @@ class MultiHeadAttention(nn.Module):
             rope=rope,
             alibi=self.alibi,
         )
+
+
+def _from_torch_layout(
+    module: MultiHeadAttention, state_dict: dict[str, Any], prefix: str, *_: Any
+) -> None:
+    """Rename an ``nn.MultiheadAttention`` state_dict's entries to this module's, in place.
+
+    torch packs the three input projections into ``in_proj_weight`` (3E, E) and
+    ``in_proj_bias`` (3E,) (or keeps ``q_proj_weight``, ``k_proj_weight``,
+    ``v_proj_weight`` apart when kdim/vdim differ from E) and stores ``bias_k`` /
+    ``bias_v`` as (1, 1, E). Entries already in this module's layout are left alone.
+    """
+    linears = (module.q_proj, module.k_proj, module.v_proj)
+    sizes = [lin.out_features for lin in linears]
+    for packed, field in ((prefix + "in_proj_weight", "weight"), (prefix + "in_proj_bias", "bias")):
+        tensor = state_dict.get(packed)
+        if isinstance(tensor, torch.Tensor) and tensor.ndim >= 1 and tensor.shape[0] == sum(sizes):
+            del state_dict[packed]
+            for name, part in zip(("q_proj", "k_proj", "v_proj"), tensor.split(sizes),
+                                  strict=True):
+                state_dict[f"{prefix}{name}.{field}"] = part
+    for name in ("q_proj", "k_proj", "v_proj"):
+        separate = state_dict.pop(f"{prefix}{name}_weight", None)
+        if separate is not None:
+            state_dict[f"{prefix}{name}.weight"] = separate
+    for name in ("bias_k", "bias_v"):
+        extra = state_dict.get(prefix + name)
+        if isinstance(extra, torch.Tensor) and extra.ndim == 3:  # torch's (1, 1, E)
+            state_dict[prefix + name] = extra.reshape(-1)
