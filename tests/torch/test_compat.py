@@ -269,7 +269,7 @@ def test_signatures_are_torchs():
         q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool), is_causal=True),
      "attn_mask: expected None with is_causal=True"),
     (lambda q: compat.scaled_dot_product_attention(q, q[:, :3], q[:, :3], enable_gqa=True),
-     "key: expected key/value heads Hkv dividing the query's H = 4"),
+     "k: expected a number of key/value heads Hkv that divides q's H = 4"),
     (lambda q: compat.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4).int()),
      "attn_mask: expected a bool or float tensor"),
     (lambda q: compat.MultiheadAttention(8, 2)(q[0], q[0], q[0], is_causal=True),

@@ -64,23 +64,15 @@ def _as_torch_mask(mask: Any, name: str, like: torch.Tensor) -> torch.Tensor:
 
 
 def _add_mask(
-    mask: torch.Tensor, blocks: bool, allowed: torch.Tensor | None,
-    bias: torch.Tensor | None, dtype: torch.dtype,
+    mask: torch.Tensor, allowed: torch.Tensor | None, bias: torch.Tensor | None,
+    dtype: torch.dtype,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Fold a torch mask into attnlab's (allowed, bias): bool masks restrict ``allowed``
-    (``blocks``: True means *not* allowed, nn.MultiheadAttention's meaning; else True =
-    may attend, F.scaled_dot_product_attention's), float masks add to ``bias``."""
+    """Fold an nn.MultiheadAttention mask into attnlab's (allowed, bias): a bool mask
+    (True = *not* allowed) restricts ``allowed``, a float mask adds to ``bias``."""
     if mask.dtype == torch.bool:
-        may = ~mask if blocks else mask
-        return (may if allowed is None else allowed & may), bias
+        return (~mask if allowed is None else allowed & ~mask), bias
     added = mask.to(dtype)
     return allowed, (added if bias is None else bias + added)
-
-
-def top_left_causal(T: int, S: int, device: Any = None) -> torch.Tensor:  # -> (T, S)
-    """torch's causal rule, True = may attend: query i sees keys j <= i, whatever S is
-    (attnlab's ``is_causal`` is bottom-right: j <= S - T + i)."""
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril()  # (T, S)
 
 
 def scaled_dot_product_attention(
@@ -112,49 +104,30 @@ def scaled_dot_product_attention(
         weights = softmax(scores where allowed and (j <= i if is_causal))  # empty row -> 0
         return dropout(weights, dropout_p) @ value
     """
-    is_causal = check_flag(is_causal, "is_causal")
-    if check_flag(enable_gqa, "enable_gqa"):
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            if not isinstance(t, torch.Tensor) or t.ndim < 3:
-                got = shape_str(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise ShapeError(f"{name}: expected (..., H, L, D) with enable_gqa=True, got {got}")
-        H, Hkv = query.shape[-3], key.shape[-3]
-        if value.shape[-3] != Hkv or Hkv == 0 or H % Hkv:
-            raise ShapeError(
-                f"key: expected key/value heads Hkv dividing the query's H = {H} with "
-                f"enable_gqa=True, got key {shape_str(key.shape)}, value {shape_str(value.shape)}"
-            )
-        if H != Hkv:
-            key = key.repeat_interleave(H // Hkv, dim=-3)  # (..., H, S, D)
-            value = value.repeat_interleave(H // Hkv, dim=-3)  # (..., H, S, Dv)
-    allowed: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
     bias: torch.Tensor | None = None
     if attn_mask is not None:
-        if is_causal:
+        if check_flag(is_causal, "is_causal"):
             raise AttnlabError(
                 "attn_mask: expected None with is_causal=True (torch's rule: the causal mask "
                 "is built from the flag), got a tensor"
             )
-        if isinstance(query, torch.Tensor):
-            mask = _as_torch_mask(attn_mask, "attn_mask", query)
-            allowed, bias = _add_mask(mask, False, None, None, query.dtype)
-    inputs = check_inputs(query, key, value, allowed, bias=bias, scale=scale)
+        if isinstance(query, torch.Tensor):  # else check_inputs names what query is
+            torch_mask = _as_torch_mask(attn_mask, "attn_mask", query)
+            if torch_mask.dtype == torch.bool:  # True = may attend, as attnlab's
+                mask = torch_mask
+            else:
+                bias = torch_mask
+    # Top-left causal and the GQA head expansion are the kernel's own options.
+    inputs = check_inputs(query, key, value, mask, bias=bias, is_causal=is_causal, scale=scale,
+                          causal_alignment="top_left", enable_gqa=enable_gqa)
     p = check_probability(dropout_p, "dropout_p")
-    T, S = inputs.shapes.T, inputs.shapes.S
-    causal_flag = False
-    if is_causal:
-        if T == S:  # top-left and bottom-right agree: let the kernel take its fast rule
-            causal_flag = True
-        else:
-            allowed = top_left_causal(T, S, inputs.q.device)  # (T, S)
-    else:
-        allowed = inputs.allowed
     if debug.debug_checks_enabled():
         if inputs.bias is not None:
             debug.check_bias_values(inputs.bias)
         debug.check_finite([("query", inputs.q), ("key", inputs.k), ("value", inputs.v)])
-    out = attend(inputs.q, inputs.k, inputs.v, allowed, inputs.bias, inputs.scale,
-                 is_causal=causal_flag, dropout_p=p)  # (..., H, T, Dv)
+    out = attend(inputs.q, inputs.k, inputs.v, inputs.allowed, inputs.bias, inputs.scale,
+                 is_causal=inputs.is_causal, dropout_p=p)  # (..., H, T, Dv)
     return cast(torch.Tensor, out)  # no weights were asked for
 
 
@@ -285,7 +258,7 @@ class MultiheadAttention(nn.MultiheadAttention):
                     f"got {shape_str(padding.shape)}"
                 )
             padding = padding.reshape(B, 1, 1, S)  # (B, 1, 1, S)
-            allowed, bias = _add_mask(padding, True, allowed, bias, q.dtype)
+            allowed, bias = _add_mask(padding, allowed, bias, q.dtype)
         if attn_mask is not None:
             mask = _as_torch_mask(attn_mask, "attn_mask", query)
             shapes = [(T, S), (B * H, T, S)] if batched else [(T, S), (H, T, S)]
@@ -296,7 +269,7 @@ class MultiheadAttention(nn.MultiheadAttention):
                 )
             if mask.ndim == 3:
                 mask = mask.reshape(B, H, T, S)  # (B, H, T, S)
-            allowed, bias = _add_mask(mask, True, allowed, bias, q.dtype)
+            allowed, bias = _add_mask(mask, allowed, bias, q.dtype)
 
         extra = 0
         if self.bias_k is not None and self.bias_v is not None:
