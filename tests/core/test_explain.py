@@ -57,7 +57,7 @@ def test_multi_head_causal_trace_matches_multihead_attention():
     np.testing.assert_array_equal(np.triu(weights, 1), 0.0)
     X, Wq, Wk, Wv = (trace.get(k).values for k in ("X", "Wq", "Wk", "Wv"))
     mha = attnlab.MultiHeadAttention(Wq, Wk, Wv, np.eye(6), num_heads=2)
-    np.testing.assert_allclose(trace.get("concat").values, mha(X, is_causal=True), atol=1e-12)
+    np.testing.assert_allclose(trace.get("concat").values, mha(X, is_causal=True)[0], atol=1e-12)
 
 
 def test_output_projection_with_wo():
