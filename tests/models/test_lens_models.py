@@ -168,3 +168,36 @@ def test_minilm_importance_matches_hf_autograd(minilm) -> None:
     np.testing.assert_allclose(dgates, gates.grad.numpy(), rtol=0, atol=2e-3 * scale)
     table = head_importance(minilm, [pair])
     np.testing.assert_allclose(table, np.abs(dgates), rtol=0, atol=1e-7)
+
+
+def test_shipped_pairs_have_no_unknown_characters(minilm) -> None:
+    from attnlab.studies.heads import sentence_pairs
+    unknown = []
+    for a, b in sentence_pairs():
+        for text in (a, b):
+            encoding = minilm.tokenizer.encode(text)
+            unknown += [text[s:e] for token, (s, e) in zip(encoding.tokens, encoding.offsets,
+                                                           strict=True) if token == "[UNK]"]
+    assert unknown == []
+
+
+def test_head_study_numbers_are_the_ablated_models(minilm) -> None:
+    from attnlab.studies.heads import run_head_study
+    pairs = [("The baby is sleeping.", "The infant is asleep."), ("大道", "大街")]
+    study = run_head_study(minilm, pairs)
+    assert study.head_drift.shape == study.importance.shape == (6, 12)
+    sentences = sorted({t for p in pairs for t in p})
+    full = minilm.encode(sentences)
+    with lens.ablate(minilm, heads=[(4, 7)]):
+        ablated = minilm.encode(sentences)
+    # The same encode calls in the same order: equal up to float32 summation order, 1e-6.
+    assert study.head_drift[4, 7] == pytest.approx(
+        float(np.mean(1 - np.sum(ablated * full, axis=1))), abs=1e-6)
+    index = {t: i for i, t in enumerate(sentences)}
+    change = np.mean([abs(ablated[index[a]] @ ablated[index[b]] - full[index[a]] @ full[index[b]])
+                      for a, b in pairs])
+    assert study.head_similarity_change[4, 7] == pytest.approx(float(change), abs=1e-6)
+    assert (study.layer_drift > study.head_drift.max() * 0.5).any()  # a whole layer moves more
+    for share in study.kinds.values():
+        assert ((share >= 0) & (share <= 1)).all()
+    assert all(np.isfinite(v) for v in study.correlations.values())
