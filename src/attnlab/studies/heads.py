@@ -193,7 +193,7 @@ def run_head_study(model: Any, pairs: list[tuple[str, str]] | None = None, *,
 
 
 #: Attention flow runs T² max-flows; above this many tokens only rollout is computed.
-FLOW_MAX_TOKENS = 32
+FLOW_MAX_TOKENS = 24
 
 
 @dataclass
