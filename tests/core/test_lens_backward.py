@@ -183,6 +183,10 @@ def test_backward_errors() -> None:
         bert_backward(model, np.array([[1, 2]]), np.zeros((1, 2, 8)), head_gates=np.ones(2))
     with pytest.raises(AttnlabError, match="dout|dhidden|expected"):
         bert_backward(model, np.array([[1, 2]]), np.zeros((1, 3, 8)))
+    with pytest.raises(AttnlabError, match=r"input_ids: expected ids in \[0, 20\)"):
+        bert_backward(model, np.array([[1, 20]]), np.zeros((1, 2, 8)))
+    with pytest.raises(AttnlabError, match="attention_mask: expected"):
+        bert_backward(model, np.array([[1, 2]]), np.zeros((1, 2, 8)), np.ones((1, 3)))
     block = EncoderBlock(8, 2, 12, dropout=0.1)
     block.train()
     with pytest.raises(AttnlabError, match="block: the backward pass covers evaluation mode"):

@@ -68,6 +68,15 @@ def bert_backward(
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
         raise ShapeError(f"input_ids: expected integer (B, T), got {ids.dtype} "
                          f"{shape_str(ids.shape)}")
+    if ids.size and (ids.min() < 0 or ids.max() >= model.config.vocab_size):
+        raise AttnlabError(f"input_ids: expected ids in [0, {model.config.vocab_size}), "
+                           f"got [{ids.min()}, {ids.max()}]")
+    if ids.shape[1] > model.config.max_position_embeddings:
+        raise ShapeError(f"input_ids: expected at most {model.config.max_position_embeddings} "
+                         f"tokens, got {ids.shape[1]}")
+    if attention_mask is not None and np.shape(attention_mask) != ids.shape:
+        raise ShapeError(f"attention_mask: expected {shape_str(ids.shape)} to match input_ids, "
+                         f"got {shape_str(np.shape(attention_mask))}")
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads
     gates = np.ones((L, H)) if head_gates is None else as_float_array(head_gates, "head_gates")
     if gates.shape != (L, H):
