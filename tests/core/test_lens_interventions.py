@@ -285,6 +285,25 @@ def test_patch_sweep_is_each_head_alone() -> None:
             assert table[layer, head] == pytest.approx(expected, abs=1e-12)
 
 
+def test_residual_sweep_is_each_layer_and_position_alone() -> None:
+    model = tiny_bert()
+    table = patch_sweep(model, CLEAN, CORRUPTED, site="residual")
+    assert table.shape == (3, 6)
+    for layer, position in [(0, 2), (1, 4), (2, 0)]:
+        assert table[layer, position] == patch(model, CLEAN, CORRUPTED, layers=[layer],
+                                               positions=[position])
+    # After the last layer nothing mixes any more: the patched output is the corrupted
+    # hidden states with row t taken from the clean ones.
+    clean_hidden, corrupted_hidden = by_hand(model, CLEAN)[0], by_hand(model, CORRUPTED)[0]
+    for position in range(6):
+        mixed = corrupted_hidden.copy()
+        mixed[position] = clean_hidden[position]
+        assert table[2, position] == pytest.approx(_cos_embedding(mixed, clean_hidden),
+                                                   abs=1e-12)
+    with pytest.raises(AttnlabError, match="site: expected 'heads' or 'residual'"):
+        patch_sweep(model, CLEAN, CORRUPTED, site="mlp")
+
+
 @pytest.mark.parametrize("sender, receivers", [((0, 1), [(2, 0)]), ((0, 0), [(1, 1), (2, 1)])])
 def test_path_patching_equals_the_two_by_hand_runs(sender, receivers) -> None:
     model = tiny_bert()

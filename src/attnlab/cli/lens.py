@@ -135,15 +135,18 @@ def _print_study(study: Any, lang: str) -> None:
           + " ".join(f"{v * 1000:.2f}" for v in study.layer_drift))
     print("头的重要性 |∂cos/∂ξ| (×1000)：" if zh else "head importance |dcos/dgate| (x1000):")
     print(table_text(study.importance, lang))
-    for name, measure in (("drift", "head_drift"), ("importance", "importance"),
-                          ("similarity change", "head_similarity_change")):
+    names = {"head_drift": ("drift", "一致度下降"), "importance": ("importance", "重要性"),
+             "head_similarity_change": ("similarity change", "相似度变化")}
+    for measure, (en, zh_name) in names.items():
         top = ", ".join(f"L{layer + 1}H{head + 1} {value * 1000:.2f}"
                         for layer, head, value in study.ranking(measure))
-        print(f"top 5 by {name} (x1000): {top}")
+        print(f"按{zh_name}排名前 5 (×1000)：{top}" if zh else f"top 5 by {en} (x1000): {top}")
     for name, value in study.correlations.items():
         print(f"Spearman {name}: {value:.3f}")
     for measure in ("head_drift", "importance"):
         means = study.kind_means(measure)
         shown = ", ".join(f"{kind} {'-' if v is None else f'{v * 1000:.2f}'}"
                           for kind, v in means.items())
-        print(f"mean {measure} by head kind (x1000): {shown}")
+        en, zh_name = names[measure]
+        print(f"各类头的平均{zh_name} (×1000)：{shown}" if zh
+              else f"mean {en} by head kind (x1000): {shown}")

@@ -182,17 +182,34 @@ def _layer_list(layers: Any, L: int) -> set[int]:
 
 def patch_sweep(
     model: Any, clean: Any, corrupted: Any, *, positions: Sequence[int] | None = None,
-    metric: Metric | None = None,
+    metric: Metric | None = None, site: str = "heads",
 ) -> np.ndarray:
-    """:func:`patch` of every head alone: an (L, H) table of the metric."""
+    """:func:`patch` of every site alone: a table of the metric.
+
+    ``site="heads"``: every head alone (at ``positions``) -> (L, H).
+    ``site="residual"``: the residual stream after every layer at every single
+    position -> (L, T) (``positions`` must then be None).
+    """
     clean_run, corrupted_run = _runs(model, clean, corrupted)
     layers = check_model(model)
-    L, H = len(layers), layers[0].attn.num_heads
-    table = np.zeros((L, H))  # (L, H)
+    L, H, T = len(layers), layers[0].attn.num_heads, clean_run.ids.shape[1]
+    if site == "heads":
+        table = np.zeros((L, H))  # (L, H)
+        for layer in range(L):
+            for head in range(H):
+                table[layer, head] = _patch(model, clean_run, corrupted_run, [(layer, head)],
+                                            None, positions, metric)
+        return table
+    if site != "residual":
+        raise AttnlabError(f"site: expected 'heads' or 'residual', got {site!r}")
+    if positions is not None:
+        raise AttnlabError("positions: the residual sweep patches every position in turn, "
+                           "expected None")
+    table = np.zeros((L, T))  # (L, T)
     for layer in range(L):
-        for head in range(H):
-            table[layer, head] = _patch(model, clean_run, corrupted_run, [(layer, head)], None,
-                                        positions, metric)
+        for position in range(T):
+            table[layer, position] = _patch(model, clean_run, corrupted_run, None, [layer],
+                                            [position], metric)
     return table
 
 
