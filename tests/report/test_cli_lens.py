@@ -55,3 +55,19 @@ def test_lens_errors_are_one_line(capsys, tmp_path, args, message):
     code = main([*args, "--out", str(tmp_path)])
     _, err = capsys.readouterr()
     assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_lens_study_on_two_pairs(capsys, tmp_path, monkeypatch):
+    # The whole study reads all 60 shipped pairs (a command, not a test); two keep it quick.
+    from attnlab.studies import heads
+    pairs = [("The baby is sleeping.", "The infant is asleep."), ("大道", "大街")]
+    monkeypatch.setattr(heads, "sentence_pairs", lambda lang=None: pairs)
+    code = main(["lens", "--study", "--lang", "zh", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    data = json.loads((tmp_path / "study.json").read_text(encoding="utf-8"))
+    assert data["pairs"] == [list(p) for p in pairs]
+    assert np.array(data["head_drift"]).shape == (6, 12)
+    assert "2 对句子" in out and "按重要性排名前 5" in out and "Spearman" in out
+    for name in ("ablation.png", "importance.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
