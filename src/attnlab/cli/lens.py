@@ -51,7 +51,8 @@ def table_text(values: np.ndarray, lang: str, scale: float = 1000.0) -> str:
     """An (L, H) table as text, layers and heads from 1, values × ``scale``."""
     zh = lang == "zh"
     L, H = values.shape
-    head = ("层\\头" if zh else "L\\H").rjust(5) + "".join(f"{h + 1:>7}" for h in range(H))
+    # "层\头" is five columns wide on a terminal (two wide characters), as is "  L\H".
+    head = ("层\\头" if zh else "L\\H".rjust(5)) + "".join(f"{h + 1:>7}" for h in range(H))
     rows = [head]
     for layer in range(L):
         rows.append(f"{layer + 1:>5}" + "".join(f"{v * scale:7.2f}" for v in values[layer]))
