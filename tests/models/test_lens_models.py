@@ -197,6 +197,12 @@ def test_head_study_numbers_are_the_ablated_models(minilm) -> None:
     change = np.mean([abs(ablated[index[a]] @ ablated[index[b]] - full[index[a]] @ full[index[b]])
                       for a, b in pairs])
     assert study.head_similarity_change[4, 7] == pytest.approx(float(change), abs=1e-6)
+    chinese = [index[t] for t in ("大道", "大街")]
+    assert study.by_lang["zh"]["head_drift"][4, 7] == pytest.approx(
+        float(np.mean(1 - np.sum(ablated[chinese] * full[chinese], axis=1))), abs=1e-6)
+    np.testing.assert_allclose(
+        study.importance, (study.by_lang["en"]["importance"] + study.by_lang["zh"]["importance"])
+        / 2, rtol=0, atol=1e-12)
     assert (study.layer_drift > study.head_drift.max() * 0.5).any()  # a whole layer moves more
     for share in study.kinds.values():
         assert ((share >= 0) & (share <= 1)).all()

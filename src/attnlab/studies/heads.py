@@ -18,7 +18,8 @@ Then ``importance`` (Michel et al. 2019: mean over the pairs of |∂ cos(a, b)/�
 :func:`attnlab.lens.importance.head_importance`), the heads' kinds from the weights'
 diagnostics (:func:`attnlab.lens.diagnostics.diagnose`: the share of sentences on
 which a head is flagged sink, previous_token, next_token, self, near_uniform,
-over_sparse), and Spearman rank correlations between the measures.
+over_sparse), and Spearman rank correlations between the measures — also between
+the English and the Chinese pairs' tables (``by_lang``): do the same heads matter?
 
 Heads and layers are 0-based in the data (the CLI prints them from 1).
 
@@ -40,7 +41,7 @@ from ..lens.diagnostics import diagnose
 from ..lens.importance import head_importance
 
 __all__ = ["FLAGS", "FLOW_MAX_TOKENS", "HeadStudy", "TextLens", "analyse_text", "head_kinds",
-           "run_head_study", "sentence_pairs", "spearman"]
+           "is_chinese", "run_head_study", "sentence_pairs", "spearman"]
 
 #: The diagnostics' flags a head can carry, in the order the tables show them.
 FLAGS = ("sink", "previous_token", "next_token", "self", "near_uniform", "over_sparse")
@@ -101,6 +102,7 @@ class HeadStudy:
     importance: np.ndarray  # (L, H)
     kinds: dict[str, np.ndarray]  # flag -> (L, H) share of sentences
     correlations: dict[str, float] = field(default_factory=dict)
+    by_lang: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # en/zh (L, H)
 
     def ranking(self, measure: str = "head_drift", top: int = 5) -> list[tuple[int, int, float]]:
         """The ``top`` heads by a (L, H) measure, largest first: (layer, head, value)."""
@@ -135,6 +137,8 @@ class HeadStudy:
             "kind_means_drift": self.kind_means("head_drift"),
             "kind_means_importance": self.kind_means("importance"),
             "correlations": self.correlations,
+            "by_lang": {lang: {name: table.tolist() for name, table in tables.items()}
+                        for lang, tables in self.by_lang.items()},
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -143,12 +147,18 @@ class HeadStudy:
 
 def _measure(model: Any, sentences: list[str], index_a: np.ndarray, index_b: np.ndarray,
              full: np.ndarray, full_similarity: np.ndarray, heads: list[tuple[int, int]],
-             how: str, means: Any) -> tuple[float, float]:
+             how: str, means: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per sentence 1 − cos(ablated, full) (N,) and per pair |Δ cos(a, b)| (P,)."""
     with ablate(model, heads, how=how, reference=means):  # type: ignore[arg-type]
         emb = model.encode(sentences)  # (N, E)
-    drift = float(np.mean(1.0 - np.sum(emb * full, axis=-1)))
+    drift = 1.0 - np.sum(emb * full, axis=-1)  # (N,)
     similarity = np.sum(emb[index_a] * emb[index_b], axis=-1)  # (P,)
-    return drift, float(np.mean(np.abs(similarity - full_similarity)))
+    return drift, np.abs(similarity - full_similarity)
+
+
+def is_chinese(text: str) -> bool:
+    """Whether ``text`` has a CJK ideograph (the study's test for a Chinese sentence)."""
+    return any("\u4e00" <= ch <= "\u9fff" for ch in text)
 
 
 def run_head_study(model: Any, pairs: list[tuple[str, str]] | None = None, *,
@@ -167,21 +177,37 @@ def run_head_study(model: Any, pairs: list[tuple[str, str]] | None = None, *,
     means = head_means(model, sentences) if how == "mean" else None
     full = model.encode(sentences)  # (N, E)
     full_similarity = np.sum(full[index_a] * full[index_b], axis=-1)  # (P,)
-    head_drift, head_change = np.zeros((L, H)), np.zeros((L, H))
+    N, P = len(sentences), len(pairs)
+    sentence_drift = np.zeros((L, H, N))  # (L, H, N)
+    pair_change = np.zeros((L, H, P))  # (L, H, P)
     for layer in range(L):
         for head in range(H):
-            head_drift[layer, head], head_change[layer, head] = _measure(
+            sentence_drift[layer, head], pair_change[layer, head] = _measure(
                 model, sentences, index_a, index_b, full, full_similarity, [(layer, head)],
                 how, means)
     layer_drift, layer_change = np.zeros(L), np.zeros(L)
     for layer in range(L):
-        layer_drift[layer], layer_change[layer] = _measure(
-            model, sentences, index_a, index_b, full, full_similarity,
-            [(layer, head) for head in range(H)], how, means)
-    importance = head_importance(model, pairs)  # (L, H)
+        drift, change = _measure(model, sentences, index_a, index_b, full, full_similarity,
+                                 [(layer, head) for head in range(H)], how, means)
+        layer_drift[layer], layer_change[layer] = drift.mean(), change.mean()
+    chinese_pairs = np.array([is_chinese(a + b) for a, b in pairs])  # (P,)
+    by_lang: dict[str, dict[str, np.ndarray]] = {}
+    tables = []
+    for lang, chosen in (("en", ~chinese_pairs), ("zh", chinese_pairs)):
+        if chosen.any():
+            chosen_pairs = [pair for pair, keep in zip(pairs, chosen, strict=True) if keep]
+            table = head_importance(model, chosen_pairs)  # (L, H)
+            tables.append(table * len(chosen_pairs))
+            in_lang = np.array([is_chinese(t) == (lang == "zh") for t in sentences])  # (N,)
+            by_lang[lang] = {"head_drift": sentence_drift[..., in_lang].mean(axis=-1),
+                             "importance": table}
+    importance = np.sum(tables, axis=0) / P  # (L, H): the mean over every pair
+    head_drift = sentence_drift.mean(axis=-1)  # (L, H)
+    head_change = pair_change.mean(axis=-1)  # (L, H)
     kinds = head_kinds(model, sentences)
     study = HeadStudy(getattr(model, "name", "model"), list(pairs), how, full_similarity,
-                      head_drift, head_change, layer_drift, layer_change, importance, kinds)
+                      head_drift, head_change, layer_drift, layer_change, importance, kinds,
+                      by_lang=by_lang)
     study.correlations = {
         "importance~similarity_change": spearman(importance, head_change),
         "importance~drift": spearman(importance, head_drift),
@@ -189,6 +215,11 @@ def run_head_study(model: Any, pairs: list[tuple[str, str]] | None = None, *,
         "sink_share~drift": spearman(kinds["sink"], head_drift),
         "near_uniform_share~drift": spearman(kinds["near_uniform"], head_drift),
     }
+    if len(by_lang) == 2:
+        study.correlations["drift_en~drift_zh"] = spearman(by_lang["en"]["head_drift"],
+                                                          by_lang["zh"]["head_drift"])
+        study.correlations["importance_en~importance_zh"] = spearman(
+            by_lang["en"]["importance"], by_lang["zh"]["importance"])
     return study
 
 
@@ -262,7 +293,7 @@ def analyse_text(model: Any, text: str, pair: str | None = None, *,
         layer_drift[layer], value = measure([(layer, head) for head in range(H)])
         layer_change[layer] = np.nan if value is None else value
     if pair is None:  # the shipped pairs in TEXT's language: Chinese if it has CJK characters
-        lang = "zh" if any("\u4e00" <= ch <= "\u9fff" for ch in text) else "en"
+        lang = "zh" if is_chinese(text) else "en"
         importance = head_importance(model, sentence_pairs(lang))
         over = f"the shipped {lang} sentence pairs"
     else:
