@@ -108,6 +108,15 @@ def test_a_hook_that_changes_nothing_changes_nothing(options) -> None:
         [(s.key, s.head, s.layer) for s in plain_recorder.steps]
     for a, b in zip(hooked_recorder.steps, plain_recorder.steps, strict=True):
         np.testing.assert_array_equal(a.values, b.values)
+    # Called as a block (checks included, a key padding mask), as a packed encode calls it.
+    key_padding = np.array([[True] * 5, [True] * 3 + [False] * 2])
+    block = stack.layers[0]
+    plain_called = block(x, key_padding=key_padding)
+    with hooked(stack, heads=lambda layer, h: None):
+        np.testing.assert_array_equal(stack.layers[0](x, key_padding=key_padding), plain_called)
+    with hooked(stack, heads=lambda layer, h: np.zeros_like(h)):
+        zeroed = stack.layers[0](x, key_padding=key_padding)
+    assert not np.allclose(zeroed, plain_called)
 
 
 def test_hooks_are_removed_even_after_an_exception_and_nest() -> None:

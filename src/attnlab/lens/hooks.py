@@ -149,6 +149,13 @@ class HookedLayer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.block, name)
 
+    def __call__(self, x: Any, mask: Any = None, *, key_padding: Any = None, bias: Any = None,
+                 is_causal: bool = False, recorder: Recorder | None = None) -> np.ndarray:
+        """The block's call (checks once, as ``SelfAttentionLayer.__call__``), hooked."""
+        x_arr, _, allowed, bias_arr, _ = self.attn.check_call(
+            x, None, mask, key_padding=key_padding, bias=bias, is_causal=is_causal)
+        return self.forward(x_arr, allowed, bias_arr, recorder=recorder)
+
     def forward(self, x: np.ndarray, *args: Any, **kwargs: Any) -> np.ndarray:
         """The block's forward (x (B, T, E) -> (B, T, E)), then the residual hooks."""
         out = self._inner.forward(x, *args, **kwargs)  # (B, T, E)
