@@ -19,6 +19,7 @@ from .fast.lowrank import linformer_attention, nystrom_attention
 from .fast.performer import performer_attention
 from .fast.sparse import sliding_window_attention, sliding_window_mask
 from .init import init_qkv, init_weight, xavier_normal, xavier_uniform
+from .lens import grad_diagnostics
 from .lens.explain import explain, token_embeddings
 from .masks import causal_mask, from_blocked, from_keep, mask_to_bias, padding_mask
 from .nn.backward import layer_norm_backward, mha_backward
@@ -67,6 +68,7 @@ __all__ = [
     "from_blocked",
     "from_keep",
     "gelu",
+    "grad_diagnostics",
     "init_qkv",
     "init_weight",
     "layer_norm_backward",
