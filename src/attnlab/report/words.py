@@ -18,8 +18,8 @@ from ..lens.diagnostics import (
     SINK_SHARE,
 )
 
-__all__ = ["Lang", "LANGS", "NOTE_TEXT", "STEP_TEXT", "TRACE_WORDS", "FLAG_TEXT", "HEAD_COLUMNS",
-           "LAYER_COLUMNS", "LIST_SEP", "VIEWER_WORDS"]
+__all__ = ["CONCEPT_WORDS", "Lang", "LANGS", "NOTE_TEXT", "STEP_TEXT", "TRACE_WORDS",
+           "FLAG_TEXT", "HEAD_COLUMNS", "LAYER_COLUMNS", "LIST_SEP", "VIEWER_WORDS"]
 
 Lang = Literal["en", "zh"]
 LANGS = ("en", "zh")
@@ -330,5 +330,66 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
             f"关注前一个词元 / 后一个词元 / 自身：对应的平均权重 > {POSITIONAL_HEAD_SCORE}；"
             f"近似重复：JS 距离 < {NEAR_DUPLICATE_JS}。"
         ),
+    },
+}
+
+#: The words of the concept pictures (``attnlab draw``, :mod:`attnlab.report.concepts`).
+CONCEPT_WORDS: dict[str, dict[str, str]] = {
+    "en": {
+        "flash_title": "Flash attention: one key tile at a time, never the whole (T, S) matrix",
+        "flash_tile": "Step {n}: keys {k0}–{k1}",
+        "flash_max": "running max m",
+        "flash_sum": "running sum l = Σ exp(s − m)",
+        "flash_note": "Grey: tiles not read yet. Each step rescales what it has by "
+                      "exp(m_old − m_new); after the last tile, acc / l is exactly softmax·V.",
+        "query": "query", "key": "key", "position": "position", "slot": "slot",
+        "step": "step",
+        "kv_title": "KV cache: decoding one token at a time",
+        "kv_full": "Full cache: step t stores k_t, v_t and keeps every earlier one",
+        "kv_window": "Rolling window W = {W}: position p lives in slot p mod W",
+        "kv_weights": "the new query's weights over the keys it sees",
+        "kv_note": "Numbers: the position a slot holds. Without a cache each step would "
+                   "recompute K and V for every earlier token.",
+        "pos_title": "Positional encodings",
+        "pos_table": "Sinusoidal table pe (position × dim)",
+        "pos_similarity": "pe · peᵀ: nearby positions look alike",
+        "rope_angles": "RoPE: angle of each feature pair (position × pair)",
+        "rope_scores": "RoPE: one vector at every position, scores depend on m − n only",
+        "dim": "dim", "pair": "pair",
+        "sparse_title": "Sparse and low-rank attention: which keys each query keeps",
+        "window_causal": "Causal window W = {window}: keeps {kept} of {total} scores",
+        "window_global": "Window W = {window} + global token 0: keeps {kept} of {total}",
+        "bigbird": "BigBird blocks of {block_size}: keeps {kept} of {total}",
+        "exact": "Exact weights (all keys)",
+        "linformer": "Linformer, rank {rank}: keys pooled into {rank} summaries",
+        "nystrom": "Nyström, {rank} landmarks: weights of rank ≤ {rank}",
+    },
+    "zh": {
+        "flash_title": "Flash Attention：每次只处理一块键，从不保存完整的 (T, S) 矩阵",
+        "flash_tile": "第 {n} 步：键 {k0}–{k1}",
+        "flash_max": "运行最大值 m",
+        "flash_sum": "运行和 l = Σ exp(s − m)",
+        "flash_note": "灰色：尚未读取的块。每一步把已有结果乘以 exp(m_旧 − m_新) 重新缩放；"
+                      "读完最后一块后，acc / l 恰好等于 softmax·V。",
+        "query": "查询", "key": "键", "position": "位置", "slot": "槽位",
+        "step": "步",
+        "kv_title": "KV 缓存：逐个词元解码",
+        "kv_full": "完整缓存：第 t 步存入 k_t、v_t，并保留之前所有的",
+        "kv_window": "滚动窗口 W = {W}：位置 p 存放在槽位 p mod W",
+        "kv_weights": "新查询对它能看到的键的注意力权重",
+        "kv_note": "数字：槽位中存放的位置。没有缓存时，每一步都要为之前所有词元重新计算 K 和 V。",
+        "pos_title": "位置编码",
+        "pos_table": "正弦位置编码表 pe（位置 × 维度）",
+        "pos_similarity": "pe · peᵀ：相近的位置彼此相似",
+        "rope_angles": "RoPE：每对特征的旋转角度（位置 × 特征对）",
+        "rope_scores": "RoPE：同一个向量放在各个位置，分数只取决于 m − n",
+        "dim": "维度", "pair": "特征对",
+        "sparse_title": "稀疏注意力与低秩近似：每个查询保留哪些键",
+        "window_causal": "因果滑动窗口 W = {window}：保留 {total} 个分数中的 {kept} 个",
+        "window_global": "窗口 W = {window} + 全局词元 0：保留 {total} 个中的 {kept} 个",
+        "bigbird": "BigBird 块稀疏（块大小 {block_size}）：保留 {total} 个中的 {kept} 个",
+        "exact": "精确的注意力权重（全部键）",
+        "linformer": "Linformer，秩 {rank}：键被汇总为 {rank} 个",
+        "nystrom": "Nyström，{rank} 个地标：权重的秩 ≤ {rank}",
     },
 }
