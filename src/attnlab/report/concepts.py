@@ -214,8 +214,10 @@ def draw_sparse(lang: Lang = "en", *, T: int = 24, window: int = 5, block_size: 
 
 
 #: ``attnlab draw NAME``: name -> drawing function.
-CONCEPTS: dict[str, Callable[[Lang], Figure]] = {"flash": draw_flash, "kvcache": draw_kvcache, "positions": draw_positions,
-            "sparse": draw_sparse}
+CONCEPTS: dict[str, Callable[[Lang], Figure]] = {
+    "flash": draw_flash, "kvcache": draw_kvcache, "positions": draw_positions,
+    "sparse": draw_sparse,
+}
 
 
 def draw(name: str, *, lang: Lang = "en") -> Figure:
