@@ -21,8 +21,18 @@ NAMES = {
     "mean", "max", "lse", "exp", "log", "sum", "relu", "the", "cat", "sat", "on", "mat",
     "it", "animal", "street", "didn't", "cross", "because", "was", "too", "tired",
     "exact", "window", "global", "block", "low-rank", "sparse",
+    # the variables of explain's formulas (masked = where(allowed, scaled, -∞))
+    "masked", "scaled", "scores", "weights", "output", "where", "allowed", "concat",
+    "projected", "residual", "normed", "var", "view", "transpose", "contiguous", "all",
 }
 _WORD = re.compile(r"[A-Za-z][A-Za-z'_\-]*")
+
+
+def _is_name(token: str) -> bool:
+    """A name, not a word: listed, an identifier (digits, underscores, hyphens), a
+    metavariable or acronym in capitals (DIR, MATRIX, FFN), or one letter."""
+    return (token.lower() in NAMES or len(token) == 1 or token.isupper()
+            or any(c.isdigit() or c in "_-" for c in token))
 
 
 def english_runs(text: str, *, min_words: int = 3) -> list[str]:
@@ -34,7 +44,7 @@ def english_runs(text: str, *, min_words: int = 3) -> list[str]:
         for stretch in re.split(r"[^\x00-\x7f]+", line):
             run: list[str] = []
             for token in re.split(r"[\s,.;:!?()\[\]{}\"`/|=<>+*#]+", stretch):
-                if _WORD.fullmatch(token) and token.lower() not in NAMES and len(token) > 1:
+                if _WORD.fullmatch(token) and not _is_name(token):
                     run.append(token)
                     continue
                 if len(run) >= min_words:

@@ -148,7 +148,7 @@ def explain(
         Q, K, V = X·Wq_h, X·Wk_h, X·Wv_h           (T, d_k) each
         scores  = Q·Kᵀ                             (T, T)
         scaled  = scores × scale                   (scale = 1/√d_k by default)
-        masked  = scaled, with -∞ where blocked    (only with a mask, padding or causal)
+        masked  = where(allowed, scaled, -∞)      (only with a mask, padding or causal)
         weights = softmax(masked or scaled, axis=-1)   each row sums to 1
         output  = weights·V                        (T, d_k)
 
@@ -249,7 +249,7 @@ def explain(
             formula = "pe[p, 2i] = sin(p / 10000^(2i/E)),  pe[p, 2i+1] = cos(p / 10000^(2i/E))"
         else:
             table = LearnedPositionalEmbedding(T, E, seed=rng).table  # (T, E)
-            formula = "pe = a learned (T, E) table, here N(0, 0.02²) as before training"
+            formula = "pe ~ N(0, 0.02²), (T, E)"
             drawn.append("pe")
         x_in = x_arr + table  # (T, E)
         steps += [Step("pe", table, formula), Step("embedded", x_in, "x = X + pe")]
@@ -287,8 +287,8 @@ def explain(
                                                            strict=True)]
         if pos == "rope":
             Q, K = apply_rope(Q), apply_rope(K)  # (T, D): pair i of row p turned by p·θ_i
-            steps += [Step("Q_rope", Q, "Q_rope = rotate(Q, position p by p·θ_i)", **tag),
-                      Step("K_rope", K, "K_rope = rotate(K, position p by p·θ_i)", **tag)]
+            steps += [Step("Q_rope", Q, "Q_rope[p] = R(p·θ)·Q[p]", **tag),
+                      Step("K_rope", K, "K_rope[p] = R(p·θ)·K[p]", **tag)]
         # The library's one boundary check (mask shape and dtype, ranges).
         inputs = check_inputs(Q, K, V, allowed, scale=scale_value)
         scores = Q @ K.T  # (T, T)
@@ -304,7 +304,7 @@ def explain(
             scaled = scores
         if allowed is not None:
             masked = np.where(allowed, scaled, -np.inf)  # (T, T)
-            steps.append(Step("masked", masked, f"masked = {source}, -∞ where blocked", **tag))
+            steps.append(Step("masked", masked, f"masked = where(allowed, {source}, -∞)", **tag))
             source = "masked"
         out, probs = attend(inputs.q, inputs.k, inputs.v, inputs.allowed, None, inputs.scale)
         steps += [

@@ -22,6 +22,7 @@ from ..errors import AttnlabError
 from ..lens.diagnostics import Diagnostics
 from ..trace import Step, Trace
 from .words import (
+    COLUMN_NOTES,
     FLAG_TEXT,
     HEAD_COLUMNS,
     LANGS,
@@ -341,6 +342,7 @@ def diagnostics_table(diagnostics: Diagnostics, lang: Lang = "en", *, precision:
         layer_rows.append([str(layer.layer + 1), _cell(layer.mean_js_distance, precision),
                            closest, dupes])
     out += [""] + _table(LAYER_COLUMNS[lang], layer_rows, left={2, 3})
+    out += [""] + [f"  {line}" for line in COLUMN_NOTES[lang]]
     return "\n".join(out)
 
 

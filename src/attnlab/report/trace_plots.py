@@ -72,8 +72,8 @@ def plot_trace(trace: Trace, *, lang: Lang = "en", title: str | None = None) -> 
                 plot_attention(step.values, queries, keys, ax=ax, title=name, lang=lang,
                                allowed=allowed)
             else:
-                shown = step.values if allowed is None else step.values[allowed]
-                edge = float(np.max(np.abs(shown))) or 1.0
+                # Blocked cells are hatched over, but the scale must hold them too.
+                edge = float(np.max(np.abs(step.values))) or 1.0
                 plot_attention(step.values, queries, keys, ax=ax, title=name, lang=lang,
                                allowed=allowed, cmap="RdBu_r", vmin=-edge, vmax=edge)
     if title is not None:

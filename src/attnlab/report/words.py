@@ -19,7 +19,7 @@ from ..lens.diagnostics import (
 )
 
 __all__ = ["CONCEPT_WORDS", "Lang", "LANGS", "NOTE_TEXT", "STEP_TEXT", "TRACE_WORDS",
-           "FLAG_TEXT", "HEAD_COLUMNS", "LAYER_COLUMNS", "LIST_SEP", "VIEWER_WORDS"]
+           "COLUMN_NOTES", "FLAG_TEXT", "HEAD_COLUMNS", "LAYER_COLUMNS", "LIST_SEP", "VIEWER_WORDS"]
 
 Lang = Literal["en", "zh"]
 LANGS = ("en", "zh")
@@ -249,6 +249,27 @@ LAYER_COLUMNS = {
     "zh": ["层", "平均 JS 距离", "最相近的两个头", "近似重复的头"],
 }
 LIST_SEP = {"en": ", ", "zh": "、"}  # between flags, between head pairs
+#: What each column of the diagnostics tables means (printed under them).
+COLUMN_NOTES = {
+    "en": [
+        "entropy: mean over rows of entropy / log(keys it may attend to); 1 = uniform, "
+        "0 = all weight on one key",
+        "max w: mean over rows of the largest weight",
+        "[CLS]/[SEP]: mean weight on the [CLS] and [SEP] tokens",
+        "prev / next / self: mean weight of query i on key i-1 / i+1 / i",
+        "JS distance: the Jensen–Shannon distance between two heads' weight rows "
+        "(square root of the JS divergence, base 2), averaged over rows: 0 = the heads "
+        "attend identically, 1 = to disjoint keys",
+    ],
+    "zh": [
+        "归一化熵：各行的熵 / log(该行可关注的键数) 的平均；1 = 完全均匀，0 = 全部权重落在一个键上",
+        "平均最大权重：各行最大权重的平均",
+        "[CLS]/[SEP] 占比：落在 [CLS] 和 [SEP] 词元上的平均权重",
+        "前一个词元 / 后一个词元 / 自身：查询 i 对键 i-1 / i+1 / i 的平均权重",
+        "JS 距离：两个头的注意力权重行之间的 Jensen–Shannon 距离（JS 散度的平方根，以 2 为底），"
+        "对各行取平均：0 = 两个头的关注方式完全相同，1 = 关注的键完全不重叠",
+    ],
+}
 
 #: The viewer page's interface text (embedded in the page as JSON).
 VIEWER_WORDS: dict[str, dict[str, Any]] = {
@@ -289,7 +310,8 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
             f"{OVER_SPARSE_MAX_WEIGHT} or entropy < {OVER_SPARSE_ENTROPY}; sink: > "
             f"{SINK_SHARE} on [CLS]/[SEP]; previous-token / next-token / self: that weight > "
             f"{POSITIONAL_HEAD_SCORE}; "
-            f"near-duplicate heads: JS distance < {NEAR_DUPLICATE_JS}."
+            f"near-duplicate heads: JS distance < {NEAR_DUPLICATE_JS}. "
+            + COLUMN_NOTES["en"][-1] + "."
         ),
     },
     "zh": {
@@ -329,6 +351,7 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
             f"或熵 < {OVER_SPARSE_ENTROPY}；汇聚到特殊词元：[CLS]/[SEP] 占比 > {SINK_SHARE}；"
             f"关注前一个词元 / 后一个词元 / 自身：对应的平均权重 > {POSITIONAL_HEAD_SCORE}；"
             f"近似重复：JS 距离 < {NEAR_DUPLICATE_JS}。"
+            + COLUMN_NOTES["zh"][-1] + "。"
         ),
     },
 }
