@@ -16,7 +16,15 @@ from .concepts import draw, draw_all
 from .figures import new_figure, save_figure
 from .heatmaps import plot_attention, plot_head_grid
 from .render import plot, save, view
-from .text import diagnostics_table, step_note, step_title, to_json, to_markdown, to_text
+from .text import (
+    diagnostics_table,
+    note_lines,
+    step_note,
+    step_title,
+    to_json,
+    to_markdown,
+    to_text,
+)
 from .viewer import AttentionView, render_html
 
 __all__ = [
@@ -25,6 +33,7 @@ __all__ = [
     "draw",
     "draw_all",
     "new_figure",
+    "note_lines",
     "plot",
     "plot_attention",
     "plot_head_grid",
