@@ -195,12 +195,3 @@ def test_near_uniform_note_and_the_untrained_note():
     assert "== 提示 ==" in zh and "没有经过训练" in zh
     assert "词元：单词1 | 单词2 | 单词3" in zh  # seed 000's labels under --lang zh
 
-
-def test_grad_diagnostics_is_reachable_from_the_package():
-    import subprocess
-    import sys
-
-    code = "import attnlab; print(attnlab.grad_diagnostics.grad_norms.__name__)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "grad_norms"

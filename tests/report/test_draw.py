@@ -20,17 +20,11 @@ def test_every_concept_draws_from_the_cli_in_chinese(tmp_path, capsys):
         assert f"已写入 {path}" in out
 
 
-def figure_text(fig):
+def test_english_figures_are_in_english():
     from matplotlib.text import Text
 
-    return "\n".join(t.get_text() for t in fig.findobj(Text) if t.get_text())
-
-
-@pytest.mark.parametrize("name", sorted(CONCEPTS))
-def test_each_figure_is_in_its_language(name):
-    zh, en = figure_text(draw(name, lang="zh")), figure_text(draw(name, lang="en"))
-    assert english_runs(zh) == []
-    assert english_runs(en)  # the detector does find the English version's sentences
+    texts = [t.get_text() for t in draw("flash", lang="en").findobj(Text) if t.get_text()]
+    assert english_runs("\n".join(texts))  # the Chinese test's detector sees English here
 
 
 def test_unknown_concept_is_one_line(capsys):

@@ -100,3 +100,13 @@ def test_tick_labels_never_overlap(tokens):
                      if t.get_visible() and t.get_text()]
             for a, b in zip(boxes, boxes[1:], strict=False):
                 assert not a.overlaps(b), (a, b)
+
+
+def test_grad_diagnostics_is_reachable_from_the_package():
+    import subprocess
+    import sys
+
+    code = "import attnlab; print(attnlab.grad_diagnostics.grad_norms.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "grad_norms"
