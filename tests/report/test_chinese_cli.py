@@ -29,9 +29,9 @@ def test_the_detector_finds_english_and_allows_names():
     assert english_runs("把 Q 和 K 做点积，softmax 之后 LayerNorm") == []
     assert english_runs("参数 --pos：无效的选择 'foo'（可选：'none', 'sinusoidal'）") == []
     assert english_runs("已写入 out/flash.png") == []
-    assert english_runs("注意力 the weights are random") == ["weights are random"]
-    assert english_runs("error: expected an integer") == ["error expected integer"] or \
-        english_runs("error: expected an integer")
+    assert english_runs("注意力 this head looks nowhere useful") == [
+        "this head looks nowhere useful"]
+    assert english_runs("error: expected an integer") == ["error expected an integer"]
 
 
 @pytest.mark.parametrize("command", COMMANDS + [None])
