@@ -327,8 +327,7 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
             f"{OVER_SPARSE_MAX_WEIGHT} or entropy < {OVER_SPARSE_ENTROPY}; sink: > "
             f"{SINK_SHARE} on [CLS]/[SEP]; previous-token / next-token / self: that weight > "
             f"{POSITIONAL_HEAD_SCORE}; "
-            f"near-duplicate heads: JS distance < {NEAR_DUPLICATE_JS}. "
-            + COLUMN_NOTES["en"][-1] + "."
+            f"near-duplicate heads: JS distance < {NEAR_DUPLICATE_JS}."
         ),
     },
     "zh": {
@@ -383,7 +382,6 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
             f"或熵 < {OVER_SPARSE_ENTROPY}；汇聚到特殊词元：[CLS]/[SEP] 占比 > {SINK_SHARE}；"
             f"关注前一个词元 / 后一个词元 / 自身：对应的平均权重 > {POSITIONAL_HEAD_SCORE}；"
             f"近似重复：JS 距离 < {NEAR_DUPLICATE_JS}。"
-            + COLUMN_NOTES["zh"][-1] + "。"
         ),
     },
 }
