@@ -134,11 +134,15 @@ def check_inputs(
         check_score_elements(score_shape, PLAIN_PATH_HINT)  # the plain path builds it
     scale_value = check_scale(scale, shapes.D)
     is_causal = check_flag(is_causal, "is_causal")
-    cap = check_softcap(softcap)
-    alignment = check_causal_alignment(causal_alignment)
     T, S = shapes.T, shapes.S
-    band = attention_band(T, S, is_causal=is_causal, window=check_window_pair(window, is_causal),
-                          causal_alignment=alignment)
+    cap, band, alignment = None, None, "bottom_right"
+    if not (window is None and softcap is None and causal_alignment == "bottom_right"):
+        # (the common call skips these checks: a few microseconds of the per-call tax)
+        cap = check_softcap(softcap)
+        alignment = check_causal_alignment(causal_alignment)
+        band = attention_band(T, S, is_causal=is_causal,
+                              window=check_window_pair(window, is_causal),
+                              causal_alignment=alignment)
 
     allowed: torch.Tensor | None = None
     if mask is not None:
