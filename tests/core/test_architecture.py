@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
               "attnlab.positional_relative", "attnlab.trace", "attnlab.kernel",
               "attnlab.attention", "attnlab.backward"]),
     ("fast paths", ["attnlab.fast"]),
+    ("tasks", ["attnlab.tasks"]),
     ("modules", ["attnlab.nn"]),
     ("models", ["attnlab.models", "attnlab.torch"]),
     ("lenses", ["attnlab.lens"]),
