@@ -176,31 +176,53 @@ def copy_task(*, length: int = 6, digits: int = 10, heldout: int = 5000, seed: i
 
 
 def induction_task(
-    *, period: int = 16, vocab: int = 32, heldout: int = 1000, seed: int = 0
+    *, period: int = 16, vocab: int = 32, heldout: int = 1000, min_period: int | None = None,
+    seed: int = 0,
 ) -> Task:
     """``BOS x x``: ``period`` random tokens repeated once, after a BOS token (id ``vocab``).
 
-    Every next token is scored: in the first half they are random (the loss can only
-    fall to log V), in the second half an induction head predicts them exactly.
+    Every next token is scored: in the first copy they are random (the loss can only
+    fall to log V), in the repeat an induction head predicts them exactly.
+
+    Held-out sequences are exactly ``BOS x x``. In training batches each row repeats
+    a sequence of random length n in ``min_period`` .. ``period`` (default period // 2)
+    after 2 (period - n) random filler tokens, so that T is the same but the repeat
+    sits at a different distance in each row: a head that attends a fixed number of
+    positions back cannot solve it, only one that looks for the earlier copy of the
+    current token (an induction head) can.
     """
     period = check_positive_int(period, "period")
     vocab = check_positive_int(vocab, "vocab")
     heldout = check_positive_int(heldout, "heldout")
     if period < 2 or vocab < 2:
         raise AttnlabError(f"period, vocab: expected at least 2 each, got {period}, {vocab}")
+    low = max(2, period // 2) if min_period is None else check_positive_int(min_period,
+                                                                            "min_period")
+    if not 2 <= low <= period:
+        raise AttnlabError(f"min_period: expected 2 .. period = {period}, got {low}")
     bos = vocab
 
-    def sampler(rng: np.random.Generator, n: int) -> np.ndarray:  # -> (n, 2 * period + 1)
+    def repeated(rng: np.random.Generator, n: int) -> np.ndarray:  # -> (n, 2 * period + 1)
         x = rng.integers(0, vocab, size=(n, period))  # (n, period)
         return np.concatenate([np.full((n, 1), bos), x, x], axis=1)
 
-    held = _heldout(sampler, heldout, seed, vocab ** min(period, 40))
+    def sampler(rng: np.random.Generator, n: int) -> np.ndarray:  # -> (n, 2 * period + 1)
+        seqs = rng.integers(0, vocab, size=(n, 2 * period + 1))  # filler everywhere
+        seqs[:, 0] = bos
+        lengths = rng.integers(low, period + 1, size=n)  # (n,)
+        for row, length in zip(seqs, lengths, strict=True):
+            start = 1 + 2 * (period - length)
+            row[start + length:] = row[start:start + length]  # the repeat ends the row
+        return seqs
+
+    held = _heldout(repeated, heldout, seed, vocab ** min(period, 40))
     inputs, targets = _split(held, 0)
     return Task(
         name="induction", vocab_size=vocab + 1, seq_len=2 * period, answer_start=0,
         heldout_inputs=inputs, heldout_targets=targets,
         labels=(*(str(t) for t in range(vocab)), "BOS"),
-        options={"period": period, "vocab": vocab, "heldout": heldout, "seed": seed},
+        options={"period": period, "vocab": vocab, "heldout": heldout, "min_period": low,
+                 "seed": seed},
         period=period, sampler=sampler, heldout_keys=frozenset(row.tobytes() for row in held),
     )
 

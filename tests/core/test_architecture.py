@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("modules", ["attnlab.nn"]),
     ("models", ["attnlab.models", "attnlab.torch"]),
     ("lenses", ["attnlab.lens"]),
+    ("training", ["attnlab.train"]),
     ("report", ["attnlab.report"]),
     ("studies", ["attnlab.studies"]),
     ("cli", ["attnlab.cli", "attnlab.__main__"]),
