@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import AttnlabError
-from . import approx, bench, explain, inspect, profile
+from . import approx, bench, explain, inspect, profile, train
 from .args import CliError, Parser
 
 EXIT_USAGE = 2
@@ -28,6 +28,7 @@ COMMANDS = {
     "profile": profile,
     "approx": approx,
     "bench": bench,
+    "train": train,
 }
 
 

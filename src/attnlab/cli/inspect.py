@@ -12,6 +12,7 @@ as in the printed tables.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
@@ -59,6 +60,7 @@ def _select(chosen: list[int] | None, count: int, flag: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ..lens.diagnostics import diagnose
+    from ..lens.heads import all_head_scores
     from ..models import load_bert, load_minilm
     from ..report import (
         AttentionView,
@@ -80,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
     weights = trace.attention()  # (len(layers), len(heads), T, T)
     tokens = trace.tokens
     diagnostics = diagnose(weights, tokens)
+    detectors = all_head_scores(weights, tokens, exclude_bos=True)  # {name: (L, H)}
+    report = {**diagnostics.to_dict(), "head_detectors": {
+        "exclude_bos": True, **{name: v.tolist() for name, v in detectors.items()}}}
 
     zh = args.lang == "zh"
     names = [f"第 {layer + 1} 层 · 第 {head + 1} 个头" if zh
@@ -94,11 +99,12 @@ def run(args: argparse.Namespace) -> int:
     view = AttentionView(weights, tokens, diagnostics=diagnostics, lang=args.lang,
                          title=f"{where} ({len(layers)} × {len(heads)})")
     written.append(view.save(out / "view.html"))
-    (out / "diagnostics.json").write_text(diagnostics.to_json() + "\n", encoding="utf-8")
+    report_json = json.dumps(report, ensure_ascii=False, indent=2, allow_nan=False)
+    (out / "diagnostics.json").write_text(report_json + "\n", encoding="utf-8")
     written.append(out / "diagnostics.json")
 
     if args.fmt == "json":
-        print(diagnostics.to_json())
+        print(report_json)
     else:
         if len(layers) < L or len(heads) < H:
             chosen_layers, chosen_heads = [i + 1 for i in layers], [h + 1 for h in heads]
@@ -106,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
                   else f"(rows numbered within the selection: layers {chosen_layers}, "
                   f"heads {chosen_heads})")
         print(diagnostics_table(diagnostics, args.lang))
+        print(_detector_lines(detectors, layers, heads, zh))
     label = "已写入" if zh else "wrote"
     for path in written:
         print(f"{label} {path}", file=sys.stderr)
@@ -119,6 +126,21 @@ def run(args: argparse.Namespace) -> int:
               else f"note: {model.name}'s vocabulary has no {shown}; they became [UNK] "
               "(the model cannot see them)", file=sys.stderr)
     return 0
+
+
+def _detector_lines(detectors: dict[str, Any], layers: list[int], heads: list[int],
+                    zh: bool) -> str:
+    """The best head of each TransformerLens detector, numbered as the model's."""
+    names = {"previous_token": "前一个词", "duplicate_token": "重复词", "induction": "归纳"}
+    lines = ["头检测（TransformerLens 的得分，不计 [CLS]）：" if zh
+             else "head detectors (TransformerLens scores, [CLS] excluded):"]
+    for name, scores in detectors.items():
+        layer, head = divmod(int(scores.argmax()), scores.shape[1])
+        number_l, number_h, best = layers[layer] + 1, heads[head] + 1, float(scores.max())
+        lines.append(f"  {names[name]}：第 {number_l} 层第 {number_h} 个头 {best:.3f}" if zh
+                     else f"  {name.replace('_', '-')}: layer {number_l} head {number_h} "
+                     f"{best:.3f}")
+    return "\n".join(lines)
 
 
 def _unknown_characters(model: Any, text: str) -> list[str]:

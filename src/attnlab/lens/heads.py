@@ -66,7 +66,7 @@ def previous_token_pattern(T: int) -> np.ndarray:  # -> (T, T)
 
 def duplicate_token_pattern(tokens: Any) -> np.ndarray:  # (T,) -> (T, T)
     """P_ij = 1 when j < i and tokens[j] == tokens[i] (tokens: ids or strings)."""
-    ids = _token_ids(tokens)  # (T,)
+    ids = _token_ids(tokens, False)[0]  # (T,)
     return np.tril(ids[:, None] == ids[None, :], k=-1).astype(np.float64)  # (T, T)
 
 
@@ -82,7 +82,7 @@ def detection_pattern(detector: str, tokens: Any) -> np.ndarray:  # (T,) -> (T, 
     """The (T, T) pattern of ``detector`` (one of :data:`DETECTORS`) on ``tokens``."""
     _check_detector(detector)
     if detector == "previous_token":
-        return previous_token_pattern(len(_token_ids(tokens)))
+        return previous_token_pattern(_token_ids(tokens, False).shape[1])
     if detector == "duplicate_token":
         return duplicate_token_pattern(tokens)
     return induction_pattern(tokens)
@@ -103,45 +103,63 @@ def head_scores(
         ->       (L, H) float64 scores in [0, 1] (the mean over B for a batch)
     """
     _check_detector(detector)
-    w = as_float_array(weights, "weights").astype(np.float64, copy=False)
+    return _scores(weights, tokens, (detector,), exclude_bos, exclude_current_token)[detector]
+
+
+def all_head_scores(
+    weights: Any, tokens: Any, *, exclude_bos: bool = False, exclude_current_token: bool = False
+) -> dict[str, np.ndarray]:
+    """:func:`head_scores` of every detector, checking and reading the weights once:
+    {name: (L, H)}."""
+    return _scores(weights, tokens, DETECTORS, exclude_bos, exclude_current_token)
+
+
+def _scores(
+    weights: Any, tokens: Any, detectors: tuple[str, ...], exclude_bos: bool,
+    exclude_current_token: bool,
+) -> dict[str, np.ndarray]:
+    w = as_float_array(weights, "weights")
     if w.ndim not in (4, 5) or w.shape[-1] != w.shape[-2]:
         raise ShapeError(
             f"weights: expected (L, H, T, T) or (B, L, H, T, T) self-attention weights, "
             f"got {shape_str(w.shape)}"
         )
-    if w.ndim == 4:
-        w = w[None]  # (1, L, H, T, T)
-        token_rows = [tokens]
-    else:
-        token_rows = _batch_tokens(tokens, w.shape[0])
-    T = w.shape[-1]
+    batched = w.ndim == 5
+    w = w if batched else w[None]  # (B, L, H, T, T)
+    B, T = w.shape[0], w.shape[-1]
     if T < 2:
         raise ShapeError(f"weights: expected T >= 2 (no pattern fits one token), got T = {T}")
     if (w < 0).any():
         raise AttnlabError("weights: expected attention weights >= 0, got negative values")
-    patterns = []
-    for i, row in enumerate(token_rows):
-        ids = _token_ids(row, f"tokens[{i}]" if w.shape[0] > 1 or np.ndim(tokens) == 2
-                         else "tokens")
-        if len(ids) != T:
-            raise ShapeError(f"tokens: expected T = {T} tokens per sequence, got {len(ids)}")
-        patterns.append(detection_pattern(detector, ids))
-    pattern = np.stack(patterns)[:, None, None]  # (B, 1, 1, T, T)
-    kept = w.copy()  # (B, L, H, T, T)
+    ids = _token_ids(tokens, batched)  # (B, T)
+    if ids.shape != (B, T):
+        rows = f" in each of B = {B} rows" if batched else ""
+        raise ShapeError(f"tokens: expected T = {T} tokens{rows} for weights "
+                         f"{shape_str(w.shape if batched else w.shape[1:])}, got shape "
+                         f"{shape_str(ids.shape if batched else ids.shape[1:])}")
+    kept = w.copy() if exclude_bos or exclude_current_token else w  # (B, L, H, T, T)
     if exclude_bos:
         kept[..., :, 0] = 0.0
     if exclude_current_token:
         diagonal = np.arange(T)
         kept[..., diagonal, diagonal] = 0.0
-    total = kept.sum(axis=(-2, -1))  # (B, L, H)
-    matched = (kept * pattern).sum(axis=(-2, -1))  # (B, L, H)
-    scores = np.where(total > 0, matched / np.where(total > 0, total, 1.0), 0.0)
-    return scores.mean(axis=0)  # (L, H)
-
-
-def all_head_scores(weights: Any, tokens: Any, **options: Any) -> dict[str, np.ndarray]:
-    """:func:`head_scores` of every detector: {name: (L, H)}."""
-    return {name: head_scores(weights, tokens, name, **options) for name in DETECTORS}
+    total = kept.sum(axis=(-2, -1), dtype=np.float64)  # (B, L, H)
+    safe_total = np.where(total > 0, total, 1.0)
+    duplicate = np.tril(ids[:, :, None] == ids[:, None, :], k=-1)  # (B, T, T)
+    out = {}
+    for name in detectors:
+        if name == "previous_token":
+            matched = np.diagonal(kept, offset=-1, axis1=-2, axis2=-1).sum(-1, dtype=np.float64)
+        else:
+            pattern = duplicate
+            if name == "induction":
+                pattern = np.zeros_like(duplicate)
+                pattern[:, :, 1:] = duplicate[:, :, :-1]  # one key to the right
+            matched = np.einsum("blhij,bij->blh", kept, pattern.astype(kept.dtype),
+                                dtype=np.float64)  # (B, L, H)
+        scores = np.where(total > 0, matched / safe_total, 0.0)  # (B, L, H)
+        out[name] = scores.mean(axis=0)  # (L, H)
+    return out
 
 
 def _check_detector(detector: Any) -> None:
@@ -149,20 +167,16 @@ def _check_detector(detector: Any) -> None:
         raise AttnlabError(f"detector: expected one of {', '.join(DETECTORS)}, got {detector!r}")
 
 
-def _token_ids(tokens: Any, name: str = "tokens") -> np.ndarray:  # -> (T,)
-    """Tokens as a 1-D array whose equality is the tokens' equality (ids or strings)."""
+def _token_ids(tokens: Any, batched: bool) -> np.ndarray:  # -> (B, T)
+    """Tokens as an array whose equality is the tokens' equality (ids or strings)."""
     if tokens is None or isinstance(tokens, (str, bytes)):
-        raise AttnlabError(f"{name}: expected a sequence of token ids or strings, got "
+        raise AttnlabError(f"tokens: expected a sequence of token ids or strings, got "
                            f"{tokens!r}")
-    ids = np.asarray(list(tokens) if not isinstance(tokens, np.ndarray) else tokens)
-    if ids.ndim != 1:
-        raise ShapeError(f"{name}: expected shape (T,), got {shape_str(ids.shape)}")
-    return ids
-
-
-def _batch_tokens(tokens: Any, B: int) -> list[Any]:
-    rows = list(tokens) if not isinstance(tokens, np.ndarray) else list(tokens)
-    if len(rows) != B:
-        raise ShapeError(f"tokens: expected (B, T) with B = {B} for weights (B, L, H, T, T), "
-                         f"got {len(rows)} rows")
-    return rows
+    try:
+        ids = np.asarray(tokens)
+    except ValueError:  # ragged rows
+        raise ShapeError("tokens: expected rows of equal length T") from None
+    if ids.ndim != (2 if batched else 1):
+        raise ShapeError(f"tokens: expected shape {'(B, T)' if batched else '(T,)'}, got "
+                         f"{shape_str(ids.shape)}")
+    return ids if batched else ids[None]
