@@ -34,6 +34,12 @@ def test_train_writes_every_output(capsys, tmp_path):
     assert int(saved["period"]) == 16 and saved["tokens"].shape == (32,)
     np.testing.assert_allclose(saved["weights"].sum(-1), 1.0, atol=1e-5)  # float32 rows
     assert "held-out loss: first copy" in out and "best induction head" in out
+    ablation = metrics["ablation"]
+    assert ablation["induction_head"][0] == 0 == ablation["control_head"][0]  # one layer
+    for key in ("none", "induction_head_zero", "induction_head_mean", "control_head_zero",
+                "control_head_mean"):
+        assert ablation[key]["second_half_loss"] > 0
+    assert "ablation (held-out loss on the repeat" in out
 
 
 def test_train_sort_reports_heldout_accuracy_in_chinese(capsys, tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import Any
@@ -90,7 +91,8 @@ class _Progress:
         self.last_tenth = tenth
         filled = step * 30 // steps
         bar = "#" * filled + "." * (30 - filled)
-        line = f"{self.label} [{bar}] {step}/{steps} loss {loss:.4f} {now - self.start:.0f}s"
+        shown = f" loss {loss:.4f}" if math.isfinite(loss) else ""
+        line = f"{self.label} [{bar}] {step}/{steps}{shown} {now - self.start:.0f}s"
         if self.tty:
             end = "\n" if step == steps else ""
             print(f"\r{line}", end=end, file=sys.stderr, flush=True)
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from ..report import save_figure
     from ..report.training import plot_training, training_html
     from ..tasks import make_task
-    from ..train import ModelConfig, TrainConfig, defaults_for, train
+    from ..train import ModelConfig, TrainConfig, ablation_check, defaults_for, train
 
     zh = args.lang == "zh"
     chosen = defaults_for(args.task)
@@ -151,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
                    on_step=_Progress("训练" if zh else "training"))
     metrics = result.metrics()
     metrics["threads"] = torch.get_num_threads()
+    if task.period is not None:
+        metrics["ablation"] = ablation_check(result)
 
     written = []
     path = out / "metrics.json"
@@ -226,6 +230,8 @@ def _summary(metrics: dict[str, Any], zh: bool) -> str:
         zh_name, en_name = names[name]
         lines.append(f"最佳{zh_name}头：第 {layer} 层第 {head} 个头，得分 {score:.3f}" if zh
                      else f"best {en_name} head: layer {layer} head {head}, score {score:.3f}")
+    if "ablation" in metrics:
+        lines.extend(_ablation_lines(metrics["ablation"], zh))
     if metrics.get("phase_change_step") is not None:
         step = metrics["phase_change_step"]
         lines.append(f"变化最大处：第 {step} 步附近" if zh
@@ -233,11 +239,31 @@ def _summary(metrics: dict[str, Any], zh: bool) -> str:
     return "\n".join(lines)
 
 
+def _ablation_lines(found: dict[str, Any], zh: bool) -> list[str]:
+    lines = []
+    base = found["none"]["second_half_loss"]
+    lines.append(f"消融（留出集重复部分的损失，未消融时 {base:.3f}）：" if zh
+                 else f"ablation (held-out loss on the repeat, {base:.3f} with every head):")
+    for key in ("induction_head", "control_head"):
+        layer, head = found[key]
+        zero, mean = found[f"{key}_zero"]["second_half_loss"], found[f"{key}_mean"][
+            "second_half_loss"]
+        if zh:
+            what = "归纳头" if key == "induction_head" else "对照头"
+            lines.append(f"  {what} 第 {layer + 1} 层第 {head + 1} 个头：置零 {zero:.3f}，"
+                         f"取均值 {mean:.3f}")
+        else:
+            what = "induction head" if key == "induction_head" else "control head"
+            lines.append(f"  {what} layer {layer + 1} head {head + 1}: zero {zero:.3f}, "
+                         f"mean {mean:.3f}")
+    return lines
+
+
 def _run_study(args: argparse.Namespace, out: Any) -> int:
     from ..studies.training import run_study, study_table
 
     zh = args.lang == "zh"
-    progress = _Progress("研究" if zh else "study")
+    progress = _Progress("研究（次运行）" if zh else "study (runs)")
     results = run_study(args.study, seeds=args.seeds,
                         on_run=lambda done, total: progress(done, total, float("nan")))
     path = out / f"study-{args.study}.json"

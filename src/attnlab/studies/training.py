@@ -40,7 +40,7 @@ NORM_LR = 3e-3
 """The learning rate of ``norm``: high enough that the placement of LayerNorm matters."""
 
 _SCALING_STEPS = 600
-_NORM_STEPS = 300
+_NORM_STEPS = 200
 _POSITION_STEPS = 800
 
 

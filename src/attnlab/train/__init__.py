@@ -19,7 +19,15 @@ except ImportError:
 
 from .defaults import DEFAULTS, defaults_for
 from .model import POSITIONS, Decoder, ModelConfig
-from .trainer import Evaluation, TrainConfig, TrainResult, evaluate, snapshot_steps, train
+from .trainer import (
+    Evaluation,
+    TrainConfig,
+    TrainResult,
+    ablation_check,
+    evaluate,
+    snapshot_steps,
+    train,
+)
 
 __all__ = [
     "DEFAULTS",
@@ -29,6 +37,7 @@ __all__ = [
     "ModelConfig",
     "TrainConfig",
     "TrainResult",
+    "ablation_check",
     "defaults_for",
     "evaluate",
     "snapshot_steps",
