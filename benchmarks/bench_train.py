@@ -5,8 +5,9 @@ threads pinned (``--threads``), and reads back metrics.json:
 
 - ``attnlab train sort``: held-out exact match 1.0 on >= 5000 held-out examples,
   in <= 120 s;
-- ``attnlab train induction``: the best layer-2 (second layer) induction score
-  > 0.4, a layer-1 previous-token head > 0.4, the held-out loss on the repeat far
+- ``attnlab train induction``: the best induction score in the second layer
+  (layer 1, counting from 0 as TransformerLens does) > 0.4, a previous-token head in
+  the first layer (layer 0) > 0.4, the held-out loss on the repeat far
   below the first copy's (here: < 1/4 of it), in <= 300 s; and the ablation check
   (the induction head ablated vs a control head of the same layer).
 
@@ -61,8 +62,9 @@ def _check(task: str, wall: float, metrics: dict) -> list[tuple[str, str, bool]]
         previous = max(metrics["head_scores"]["previous_token"][0])
         first, second = metrics["first_half_loss"], metrics["second_half_loss"]
         checks += [
-            ("best layer-2 induction score > 0.4", f"{induction:.3f}", induction > 0.4),
-            ("a layer-1 previous-token head > 0.4", f"{previous:.3f}", previous > 0.4),
+            ("best induction score in layer 1 (0-based) > 0.4", f"{induction:.3f}",
+             induction > 0.4),
+            ("a previous-token head in layer 0 > 0.4", f"{previous:.3f}", previous > 0.4),
             ("repeat loss < first copy's / 4", f"{second:.3f} vs {first:.3f}",
              second < first / 4),
         ]

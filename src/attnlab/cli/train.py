@@ -175,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
              else f"{task.name}: {model_config.num_layers} layers × "
              f"{model_config.num_heads} heads")
     figure = plot_training(result.losses, result.snapshot_steps, result.head_history,
-                           phase_change_step=result.phase_change_step(), title=title,
+                           phase_change_step=result.phase_change_step(),
+                           heldout_loss=result.heldout_loss, title=title,
                            lang=args.lang)
     written.append(save_figure(figure, out / "training.png"))
     labels = [task.labels[int(t)] for t in result.snapshot_tokens]

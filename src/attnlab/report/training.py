@@ -95,6 +95,7 @@ def plot_training(
     head_history: Mapping[str, Any],
     *,
     phase_change_step: int | None = None,
+    heldout_loss: Any = None,
     title: str | None = None,
     lang: Lang = "en",
 ) -> Figure:
@@ -112,8 +113,16 @@ def plot_training(
     finite = np.isfinite(loss)
     ax_loss.plot(np.arange(1, len(loss) + 1)[finite], loss[finite], lw=0.8, color="#3465a4",
                  label=words["training_loss"])
-    if finite.any() and loss[finite].min() > 0:
-        ax_loss.set_yscale("log")
+    if heldout_loss is not None:
+        held = np.asarray(heldout_loss, dtype=np.float64)
+        if held.shape != (len(steps),):
+            raise ShapeError(f"heldout_loss: expected K = {len(steps)} values, got "
+                             f"{shape_str(held.shape)}")
+        ax_loss.plot(steps, held, "o-", ms=2.5, lw=1.0, color="#f57900",
+                     label=words["heldout_loss"])
+        ax_loss.legend(fontsize=7, loc="upper right")
+    if finite.any() and loss[finite].min() > 0 and loss[finite].max() > 20 * loss[finite].min():
+        ax_loss.set_yscale("log")  # only when it spans decades: sort's loss falls to ~1e-4
     ax_loss.set_xlabel(words["step"])
     ax_loss.set_ylabel(words["loss"])
     colours = {"previous_token": "#4e9a06", "duplicate_token": "#c4a000", "induction": "#cc0000"}
@@ -127,12 +136,12 @@ def plot_training(
     ax_score.set_ylim(0, 1)
     ax_score.set_xlabel(words["step"])
     ax_score.set_ylabel(words["score"])
-    ax_score.legend(fontsize=7, loc="upper left")
+    ax_score.legend(fontsize=7, loc="center right")
     if phase_change_step is not None:
         for ax in (ax_loss, ax_score):
             ax.axvline(phase_change_step, color="#888a85", lw=0.8, ls="--")
-        ax_score.annotate(words["phase_change"], (phase_change_step, 0.97), fontsize=7,
-                          ha="left", va="top", color="#555753")
+        ax_score.annotate(" " + words["phase_change"], (phase_change_step, 0.02), fontsize=7,
+                          ha="left", va="bottom", color="#555753")
     if title is not None:
         fig.suptitle(check_text(str(title), "title"), fontsize=10)
     return fig
