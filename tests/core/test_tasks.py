@@ -36,13 +36,19 @@ def test_sequence_tasks_answer_what_they_say(name, check):
 
 def test_induction_is_bos_then_a_sequence_repeated():
     task = make_task("induction", period=5, vocab=11, heldout=20, seed=1)
-    inputs, targets = task.batch(np.random.default_rng(2), 8)
-    assert inputs.shape == (8, 10) and task.period == 5 and task.vocab_size == 12
-    assert (inputs[:, 0] == 11).all()  # BOS
+    assert task.period == 5 and task.vocab_size == 12 and task.options["min_period"] == 2
+    held = np.concatenate([task.heldout_inputs, task.heldout_targets[:, -1:]], axis=1)
+    assert (held[:, 0] == 11).all() and np.array_equal(held[:, 1:6], held[:, 6:])
+    assert (task.heldout_targets >= 0).all()  # every next token is scored
+    inputs, targets = task.batch(np.random.default_rng(2), 200)
+    assert inputs.shape == (200, 10) and (inputs[:, 0] == 11).all()
+    assert np.array_equal(targets[:, :-1], inputs[:, 1:]) and (targets >= 0).all()
     seqs = np.concatenate([inputs, targets[:, -1:]], axis=1)  # (B, 11)
-    assert np.array_equal(seqs[:, 1:6], seqs[:, 6:])
-    assert (targets >= 0).all()  # every next token is scored
-    assert np.array_equal(targets[:, :-1], inputs[:, 1:])
+    lengths = set()
+    for row in seqs:  # the row ends with a repeat of n tokens, n in 2 .. 5
+        n = max(n for n in range(2, 6) if np.array_equal(row[11 - 2 * n:11 - n], row[11 - n:]))
+        lengths.add(n)
+    assert lengths == {2, 3, 4, 5}  # the distance varies: positions alone cannot find it
 
 
 def test_modadd_is_a_partition_of_all_pairs():
