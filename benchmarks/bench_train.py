@@ -69,13 +69,14 @@ def _check(task: str, wall: float, metrics: dict) -> list[tuple[str, str, bool]]
              second < first / 4),
         ]
         found = metrics["ablation"]
-        ind = found["induction_head_zero"]["second_half_loss"]
-        ctl = found["control_head_zero"]["second_half_loss"]
-        checks.append(("ablating the induction head hurts the repeat more than a control",
-                       f"{ind:.3f} vs {ctl:.3f} (zero); "
-                       f"{found['induction_head_mean']['second_half_loss']:.3f} vs "
-                       f"{found['control_head_mean']['second_half_loss']:.3f} (mean)",
-                       ind > 2 * ctl))
+        ind, other = found["induction_heads_ablated"], found["other_heads_ablated"]
+        checks.append(("ablating the induction heads sends the repeat's loss up, the others "
+                       "do not (zero: induction > 4x other)",
+                       f"induction heads {found['induction_heads']}: zero {ind['zero']:.3f}, "
+                       f"mean {ind['mean']:.3f}; other heads {found['other_heads']}: zero "
+                       f"{other['zero']:.3f}, mean {other['mean']:.3f}; none "
+                       f"{found['none']['second_half_loss']:.3f}",
+                       ind["zero"] > 4 * other["zero"]))
     return checks
 
 

@@ -35,10 +35,9 @@ def test_train_writes_every_output(capsys, tmp_path):
     np.testing.assert_allclose(saved["weights"].sum(-1), 1.0, atol=1e-5)  # float32 rows
     assert "held-out loss: first copy" in out and "best induction head" in out
     ablation = metrics["ablation"]
-    assert ablation["induction_head"][0] == 0 == ablation["control_head"][0]  # one layer
-    for key in ("none", "induction_head_zero", "induction_head_mean", "control_head_zero",
-                "control_head_mean"):
-        assert ablation[key]["second_half_loss"] > 0
+    assert ablation["previous_token_head"][0] == 0 and len(ablation["per_head"]["zero"]) == 1
+    assert len(ablation["induction_heads"]) + len(ablation["other_heads"]) == 1  # of 2 heads
+    assert all(x > 0 for x in ablation["per_head"]["mean"][0])
     assert "ablation (held-out loss on the repeat" in out
 
 

@@ -241,22 +241,33 @@ def _summary(metrics: dict[str, Any], zh: bool) -> str:
 
 
 def _ablation_lines(found: dict[str, Any], zh: bool) -> list[str]:
-    lines = []
-    base = found["none"]["second_half_loss"]
-    lines.append(f"消融（留出集重复部分的损失，未消融时 {base:.3f}）：" if zh
-                 else f"ablation (held-out loss on the repeat, {base:.3f} with every head):")
-    for key in ("induction_head", "control_head"):
-        layer, head = found[key]
-        zero, mean = found[f"{key}_zero"]["second_half_loss"], found[f"{key}_mean"][
-            "second_half_loss"]
-        if zh:
-            what = "归纳头" if key == "induction_head" else "对照头"
-            lines.append(f"  {what} 第 {layer + 1} 层第 {head + 1} 个头：置零 {zero:.3f}，"
-                         f"取均值 {mean:.3f}")
-        else:
-            what = "induction head" if key == "induction_head" else "control head"
-            lines.append(f"  {what} layer {layer + 1} head {head + 1}: zero {zero:.3f}, "
-                         f"mean {mean:.3f}")
+    def names(pairs: list[list[int]]) -> str:
+        return " ".join(f"{layer + 1}·{head + 1}" for layer, head in pairs) or "-"
+
+    def losses(values: dict[str, float | None]) -> str:
+        zero, mean = (("–" if values[m] is None else f"{values[m]:.3f}") for m in ("zero",
+                                                                                   "mean"))
+        return f"置零 {zero}，取均值 {mean}" if zh else f"zero {zero}, mean {mean}"
+
+    base, first = found["none"]["second_half_loss"], found["none"]["first_half_loss"]
+    ind, other = found["induction_heads"], found["other_heads"]
+    if zh:
+        lines = [f"消融（留出集重复部分的损失；全部保留时 {base:.3f}，第一遍为 {first:.3f}）：",
+                 f"  {len(ind)} 个归纳头（{names(ind)}）一起："
+                 f"{losses(found['induction_heads_ablated'])}",
+                 f"  其余 {len(other)} 个头（{names(other)}，不含前一个词头）一起："
+                 f"{losses(found['other_heads_ablated'])}"]
+    else:
+        lines = [f"ablation (held-out loss on the repeat; {base:.3f} with every head, the "
+                 f"first copy's {first:.3f}):",
+                 f"  the {len(ind)} induction heads ({names(ind)}) together: "
+                 f"{losses(found['induction_heads_ablated'])}",
+                 f"  the {len(other)} other heads ({names(other)}; not the previous-token "
+                 f"head) together: {losses(found['other_heads_ablated'])}"]
+    for layer, row in enumerate(found["per_head"]["zero"]):
+        shown = " ".join("–" if x is None else f"{x:.3f}" for x in row)
+        lines.append(f"  第 {layer + 1} 层逐个置零：{shown}" if zh
+                     else f"  layer {layer + 1}, one head at a time, zero: {shown}")
     return lines
 
 

@@ -35,7 +35,7 @@ from ..tasks import IGNORE, Task
 from .model import AblationMode, Decoder, ModelConfig
 
 __all__ = ["TrainConfig", "TrainResult", "Evaluation", "train", "evaluate", "snapshot_steps",
-           "ablation_check"]
+           "ablation_check", "INDUCTION_HEAD_SCORE"]
 
 StepCallback = Callable[[int, int, float], None]
 
@@ -328,33 +328,53 @@ def evaluate(
                       second_half_loss=second_half)
 
 
-def ablation_check(result: TrainResult) -> dict[str, Any]:
-    """Ablate the best induction head, then a control head, on the held-out split.
+INDUCTION_HEAD_SCORE = 0.4
+"""A head of a later layer whose induction score is above this counts as an induction head."""
 
-    The induction head: the highest induction score in the layers after the first
-    (any layer for a one-layer model); the control: the lowest-scoring head of the
-    same layer. For each, zero- and mean-ablated, the held-out loss on the first copy
-    and on the repeat (an induction head's work: with it gone the repeat's loss
-    should climb back towards the first copy's, with the control gone it should not).
+
+def ablation_check(result: TrainResult) -> dict[str, Any]:
+    """What the heads of an induction run do, by taking them out on the held-out split.
+
+    Reported as the held-out loss on the repeat (``second_half_loss``; the first
+    copy's loss, which no head can lower, is in ``none``):
+
+    - ``per_head``: each head alone, zero- and mean-ablated, (L, H) each;
+    - ``induction_heads``: the heads after the first layer whose induction score is
+      above :data:`INDUCTION_HEAD_SCORE`, ablated together;
+    - ``other_heads``: every head that is neither one of those nor the best
+      previous-token head of the first layer, ablated together (the control).
+
     Layers and heads are 0-based. Only for tasks with a period (induction).
     """
     task = result.task
     if task.period is None:
         raise AttnlabError(f"result: expected a run on the induction task, got {task.name}")
-    scores = result.head_scores["induction"]  # (L, H)
-    first = 1 if scores.shape[0] > 1 else 0
-    layer = first + int(np.argmax(scores[first:].max(axis=1)))
-    best, control = int(np.argmax(scores[layer])), int(np.argmin(scores[layer]))
+    induction = result.head_scores["induction"]  # (L, H)
+    previous = result.head_scores["previous_token"]  # (L, H)
+    L, H = induction.shape
+    first = 1 if L > 1 else 0
+    heads = [(layer, head) for layer in range(first, L) for head in range(H)
+             if induction[layer, head] > INDUCTION_HEAD_SCORE]
+    feeding = (0, int(np.argmax(previous[0])))
+    others = [(layer, head) for layer in range(L) for head in range(H)
+              if (layer, head) not in heads and (layer, head) != feeding]
     plain = evaluate(result.model, task)
-    out: dict[str, Any] = {
-        "induction_head": [layer, best], "control_head": [layer, control],
-        "induction_scores": [float(scores[layer, best]), float(scores[layer, control])],
+
+    def repeat_loss(chosen: list[tuple[int, int]], mode: AblationMode) -> float | None:
+        if not chosen:
+            return None
+        return evaluate(result.model, task, ablate=chosen, mode=mode).second_half_loss
+
+    per_head = {mode: [[repeat_loss([(layer, head)], mode) for head in range(H)]
+                       for layer in range(L)] for mode in ("zero", "mean")}
+    return {
         "none": {"first_half_loss": plain.first_half_loss,
                  "second_half_loss": plain.second_half_loss},
+        "induction_head_score": INDUCTION_HEAD_SCORE,
+        "induction_heads": [list(pair) for pair in heads],
+        "previous_token_head": list(feeding),
+        "other_heads": [list(pair) for pair in others],
+        "induction_heads_ablated": {mode: repeat_loss(heads, mode) for mode in ("zero", "mean")},
+        "other_heads_ablated": {mode: repeat_loss(others, mode) for mode in ("zero", "mean")},
+        "per_head": per_head,
     }
-    for name, head in (("induction_head", best), ("control_head", control)):
-        for mode in ("zero", "mean"):
-            found = evaluate(result.model, task, ablate=[(layer, head)], mode=mode)
-            out[f"{name}_{mode}"] = {"first_half_loss": found.first_half_loss,
-                                     "second_half_loss": found.second_half_loss}
-    return out
