@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import AttnlabError
-from . import approx, bench, draw, explain, inspect, profile
+from . import approx, bench, draw, explain, inspect, profile, train
 from . import lens as lens_command
 from .args import CliError, Parser
 from .help_zh import localize_error, localize_parser, wants_chinese
@@ -32,6 +32,7 @@ COMMANDS = {
     "bench": bench,
     "lens": lens_command,
     "draw": draw,
+    "train": train,
 }
 
 
