@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("fast paths", ["attnlab.fast"]),
     ("modules", ["attnlab.nn"]),
     ("models", ["attnlab.models", "attnlab.torch"]),
+    ("distributed", ["attnlab.distributed"]),
     ("lenses", ["attnlab.lens"]),
     ("report", ["attnlab.report"]),
     ("studies", ["attnlab.studies"]),
