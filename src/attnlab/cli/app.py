@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from ..errors import AttnlabError
 from . import approx, bench, explain, inspect, profile
+from . import ring as ring_command
 from .args import CliError, Parser
 
 EXIT_USAGE = 2
@@ -28,6 +29,7 @@ COMMANDS = {
     "profile": profile,
     "approx": approx,
     "bench": bench,
+    "ring": ring_command,
 }
 
 

@@ -12,7 +12,7 @@ Dimension legend: W world size (ranks in the group).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,6 +41,10 @@ class CommStats:
     backward_grad: int = 0  # dK/dV shards sent in the backward (they travel back home)
     all_to_all: int = 0  # Ulysses' all-to-all calls (forward and backward)
     bytes_sent: int = 0
+    # Per forward ring step: seconds computing its blocks, then seconds waiting for the
+    # exchange to finish (what the overlap did not hide).
+    step_compute_s: list[float] = field(default_factory=list)
+    step_wait_s: list[float] = field(default_factory=list)
 
 
 def check_group(group: Any) -> tuple[int, int]:

@@ -106,13 +106,17 @@ class TorchLocalKernel:
         q, k, v = q.to(work), k.to(work), v.to(work)
         outs, lses = [], []
         for r0 in range(0, q.shape[-2], self.block_q):
-            scores = self._scores(q[..., r0:r0 + self.block_q, :], k, key_padding, diagonal,
-                                  scale, r0)  # (B, Hkv, G, r, C)
+            r1 = min(r0 + self.block_q, q.shape[-2])
+            c1 = r1 if diagonal else k.shape[-2]  # on the diagonal, later columns are masked
+            pad = None if key_padding is None else key_padding[:, :c1]
+            scores = self._scores(q[..., r0:r1, :], k[..., :c1, :], pad, diagonal,
+                                  scale, r0)  # (B, Hkv, G, r, c1)
             top = scores.amax(dim=-1, keepdim=True)  # (B, Hkv, G, r, 1)
             top = torch.where(torch.isneginf(top), 0.0, top)  # a row with no key
-            weights = torch.exp(scores - top)  # (B, Hkv, G, r, C), unnormalised
+            weights = torch.exp(scores - top)  # (B, Hkv, G, r, c1), unnormalised
             sums = weights.sum(dim=-1, keepdim=True)  # (B, Hkv, G, r, 1)
-            outs.append(torch.matmul(weights, v) / torch.where(sums == 0.0, 1.0, sums))
+            outs.append(torch.matmul(weights, v[..., :c1, :])
+                        / torch.where(sums == 0.0, 1.0, sums))
             lses.append((torch.log(sums) + top).squeeze(-1))  # (B, Hkv, G, r); -inf: no key
         return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
 
@@ -128,17 +132,22 @@ class TorchLocalKernel:
         dqs = []
         for r0 in range(0, q.shape[-2], self.block_q):
             r1 = min(r0 + self.block_q, q.shape[-2])
+            c1 = r1 if diagonal else k.shape[-2]  # on the diagonal, later columns are masked
             q_blk, dout_blk = q[..., r0:r1, :], dout[..., r0:r1, :]
-            scores = self._scores(q_blk, k, key_padding, diagonal, scale, r0)  # (.., r, C)
+            k_blk, v_blk = k[..., :c1, :], v[..., :c1, :]
+            pad = None if key_padding is None else key_padding[:, :c1]
+            scores = self._scores(q_blk, k_blk, pad, diagonal, scale, r0)  # (.., r, c1)
             shift = torch.where(torch.isneginf(lse[..., r0:r1]), float("inf"),
                                 lse[..., r0:r1])[..., None]  # (B, Hkv, G, r, 1)
-            weights = torch.exp(scores - shift)  # (B, Hkv, G, r, C): P from the final lse
-            dscores = torch.matmul(dout_blk, v.transpose(-1, -2))  # (B, Hkv, G, r, C) dP
+            weights = torch.exp(scores - shift)  # (B, Hkv, G, r, c1): P from the final lse
+            dscores = torch.matmul(dout_blk, v_blk.transpose(-1, -2))  # (.., r, c1) dP
             dscores = weights * (dscores - delta[..., r0:r1, None])  # dS
             # The group axis G is summed for the K/V heads it shares (GQA).
-            dv += torch.matmul(weights.transpose(-1, -2), dout_blk).sum(dim=2, keepdim=True)
-            dk += torch.matmul(dscores.transpose(-1, -2), q_blk).sum(dim=2, keepdim=True) * scale
-            dqs.append(torch.matmul(dscores, k) * scale)  # (B, Hkv, G, r, D)
+            dv[..., :c1, :] += torch.matmul(weights.transpose(-1, -2), dout_blk).sum(
+                dim=2, keepdim=True)
+            dk[..., :c1, :] += torch.matmul(dscores.transpose(-1, -2), q_blk).sum(
+                dim=2, keepdim=True) * scale
+            dqs.append(torch.matmul(dscores, k_blk) * scale)  # (B, Hkv, G, r, D)
         return torch.cat(dqs, dim=-2), dk, dv
 
 
@@ -154,6 +163,7 @@ def merge_partial(
     empty = torch.isneginf(lse) & torch.isneginf(block_lse)  # (..., R) neither has a key
     diff = torch.where(empty, 0.0, block_lse - lse)  # (..., R), ±inf when one side is empty
     out = out - torch.sigmoid(diff)[..., None] * (out - block_out)  # (..., R, Dv)
+    out = out.masked_fill(empty[..., None], 0.0)  # no key on either side: 0, as everywhere
     lse = torch.maximum(lse, block_lse) - F.logsigmoid(diff.abs())  # (..., R)
     return out, lse
 

@@ -29,6 +29,7 @@ Mask convention: ``key_padding`` bool (B, n), **True = a real token**.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,15 +102,20 @@ def _forward(ring: _Ring, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             ring.count("forward_kv", sent)
         _, blocks = ring.blocks(step, n)
         k_now, v_now, pad_now = held
+        started = time.perf_counter()
         for blk in blocks:
             part_out, part_lse = ring.kernel.forward(
                 q[..., blk.rows, :], k_now[..., blk.cols, :], v_now[..., blk.cols, :],
                 None if pad_now is None else pad_now[:, blk.cols], blk.diagonal, ring.scale)
             out[..., blk.rows, :], lse[..., blk.rows] = merge_partial(
                 out[..., blk.rows, :], lse[..., blk.rows], part_out, part_lse)
+        computed = time.perf_counter()
         if requests:
             wait_all(requests)
             held = _held(received)
+        if ring.stats is not None:
+            ring.stats.step_compute_s.append(computed - started)
+            ring.stats.step_wait_s.append(time.perf_counter() - computed)
     return out, lse
 
 
