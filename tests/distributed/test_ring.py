@@ -162,13 +162,21 @@ def test_a_query_with_no_key(runs, W):
 
 @pytest.mark.parametrize("name", [n for n in CASES if CASES[n]["fn"] == "ring"])
 def test_exchanges_counted(runs, name):
-    W = CASES[name]["world_size"]
+    case = CASES[name]
+    W = case["world_size"]
+    grad_sends = W if W > 1 else 0
+    # Only the Hkv key/value heads travel: a shard is B·Hkv·n·(D + Dv) values, plus
+    # B·n bytes of key padding; its dK/dV (in the merge dtype) as many values.
+    n, itemsize = case["T"] // W, 8 if case["dtype"] == "float64" else 4
+    values = case["B"] * case["Hkv"] * n * (case["D"] + case["Dv"])
+    kv_bytes = values * itemsize + (case["B"] * n if case["key_padding"] else 0)
     for rank, result in enumerate(runs[0][name]):
         stats = result["stats"]
         # As ring_attention's module docstring states: W − 1 K/V sends in the forward,
         # W − 1 K/V and W dK/dV sends in the backward (none at all for W = 1).
         assert (stats.forward_kv, stats.backward_kv, stats.backward_grad) == (
-            W - 1, W - 1, W if W > 1 else 0), f"rank {rank}"
+            W - 1, W - 1, grad_sends), f"rank {rank}"
+        assert stats.bytes_sent == 2 * (W - 1) * kv_bytes + grad_sends * values * itemsize
 
 
 @pytest.mark.parametrize("W", [1, 2, 4])

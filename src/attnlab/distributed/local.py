@@ -89,13 +89,15 @@ class TorchLocalKernel:
         self, q: torch.Tensor, k: torch.Tensor, key_padding: torch.Tensor | None,
         diagonal: bool, scale: float, r0: int,
     ) -> torch.Tensor:  # (B, Hkv, G, r, D), (B, Hkv, 1, C, D) -> (B, Hkv, G, r, C)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, Hkv, G, r, C)
+        # In place from here on: a chunk's scores are the kernel's largest array, and
+        # nothing needs them unscaled or unmasked (no autograd runs through this kernel).
+        scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)  # (B, Hkv, G, r, C)
         if diagonal:
             rows = torch.arange(r0, r0 + q.shape[-2], device=q.device)[:, None]  # (r, 1)
             cols = torch.arange(k.shape[-2], device=q.device)[None, :]  # (1, C)
-            scores = scores.masked_fill(cols > rows, float("-inf"))  # (B, Hkv, G, r, C)
+            scores.masked_fill_(cols > rows, float("-inf"))  # (B, Hkv, G, r, C)
         if key_padding is not None:
-            scores = scores.masked_fill(~key_padding[:, None, None, None, :], float("-inf"))
+            scores.masked_fill_(~key_padding[:, None, None, None, :], float("-inf"))
         return scores
 
     def forward(
@@ -113,7 +115,7 @@ class TorchLocalKernel:
                                   scale, r0)  # (B, Hkv, G, r, c1)
             top = scores.amax(dim=-1, keepdim=True)  # (B, Hkv, G, r, 1)
             top = torch.where(torch.isneginf(top), 0.0, top)  # a row with no key
-            weights = torch.exp(scores - top)  # (B, Hkv, G, r, c1), unnormalised
+            weights = scores.sub_(top).exp_()  # (B, Hkv, G, r, c1), unnormalised
             sums = weights.sum(dim=-1, keepdim=True)  # (B, Hkv, G, r, 1)
             outs.append(torch.matmul(weights, v[..., :c1, :])
                         / torch.where(sums == 0.0, 1.0, sums))
@@ -139,9 +141,9 @@ class TorchLocalKernel:
             scores = self._scores(q_blk, k_blk, pad, diagonal, scale, r0)  # (.., r, c1)
             shift = torch.where(torch.isneginf(lse[..., r0:r1]), float("inf"),
                                 lse[..., r0:r1])[..., None]  # (B, Hkv, G, r, 1)
-            weights = torch.exp(scores - shift)  # (B, Hkv, G, r, c1): P from the final lse
+            weights = scores.sub_(shift).exp_()  # (B, Hkv, G, r, c1): P from the final lse
             dscores = torch.matmul(dout_blk, v_blk.transpose(-1, -2))  # (.., r, c1) dP
-            dscores = weights * (dscores - delta[..., r0:r1, None])  # dS
+            dscores.sub_(delta[..., r0:r1, None]).mul_(weights)  # dS = P ⊙ (dP − δ)
             # The group axis G is summed for the K/V heads it shares (GQA).
             dv[..., :c1, :] += torch.matmul(weights.transpose(-1, -2), dout_blk).sum(
                 dim=2, keepdim=True)
