@@ -42,11 +42,13 @@ def shoot(page_path: Path, target: Path) -> None:
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1500, "height": 760})
+        page = browser.new_page(viewport={"width": 1500, "height": 820})
         page.goto(page_path.as_uri())
-        page.wait_for_selector('#attnlab-view[data-ready="1"]')
-        page.select_option("#layer-select", index=4)  # layer 5
-        page.select_option("#head-select", index=0)
+        page.wait_for_selector('#attnlab-view[data-overview-ready="1"]')
+        # Layer 4, head 2 links "it" to "animal" (0.68): seed 001's pronoun example
+        # (`attnlab inspect --find "it->animal"` finds it).
+        page.select_option("#layer-select", index=3)
+        page.select_option("#head-select", index=1)
         page.hover('.token.query[data-index="10"]')  # "it"
         page.screenshot(path=str(target), full_page=True)
         browser.close()

@@ -20,7 +20,14 @@ from .fast.performer import performer_attention
 from .fast.sparse import sliding_window_attention, sliding_window_mask
 from .init import init_qkv, init_weight, xavier_normal, xavier_uniform
 from .lens.explain import explain, token_embeddings
-from .masks import causal_mask, from_blocked, from_keep, mask_to_bias, padding_mask
+from .masks import (
+    causal_mask,
+    from_blocked,
+    from_keep,
+    mask_to_bias,
+    padding_mask,
+    window_mask,
+)
 from .nn.backward import layer_norm_backward, mha_backward
 from .nn.decoder import DecoderConfig, TinyDecoder
 from .nn.layers import Dropout, EncoderBlock, FeedForward, LayerNorm, SelfAttentionLayer, gelu
@@ -86,6 +93,7 @@ __all__ = [
     "softmax",
     "softmax_backward",
     "token_embeddings",
+    "window_mask",
     "xavier_normal",
     "xavier_uniform",
 ]

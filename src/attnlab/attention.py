@@ -23,7 +23,14 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from .errors import AttnlabError, ShapeError, as_float_array, check_flag, check_ndim, shape_str
-from .kernel import MAX_SCORE_ELEMENTS, attend, check_inputs, stable_softmax
+from .kernel import (
+    MAX_SCORE_ELEMENTS,
+    attend,
+    attend_with_lse,
+    check_dropout,
+    check_inputs,
+    stable_softmax,
+)
 
 __all__ = ["softmax", "scaled_dot_product_attention", "self_attention", "MAX_SCORE_ELEMENTS"]
 
@@ -65,13 +72,27 @@ def check_axis(axis: Any, ndim: int, name: str = "axis") -> int:
 @overload
 def scaled_dot_product_attention(
     q: Any, k: Any, v: Any, mask: Any = ..., *, bias: Any = ..., is_causal: bool = ...,
-    scale: float | None = ..., return_weights: Literal[False] = ...,
+    dropout_p: float = ..., scale: float | None = ..., return_weights: Literal[False] = ...,
+    return_lse: Literal[False] = ..., window: Any = ..., causal_alignment: str = ...,
+    softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
+    dropout_mask: Any = ..., rng: Any = ...,
 ) -> np.ndarray: ...
 @overload
 def scaled_dot_product_attention(
     q: Any, k: Any, v: Any, mask: Any = ..., *, bias: Any = ..., is_causal: bool = ...,
-    scale: float | None = ..., return_weights: Literal[True],
+    dropout_p: float = ..., scale: float | None = ..., return_weights: Literal[True],
+    return_lse: Literal[False] = ..., window: Any = ..., causal_alignment: str = ...,
+    softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
+    dropout_mask: Any = ..., rng: Any = ...,
 ) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def scaled_dot_product_attention(
+    q: Any, k: Any, v: Any, mask: Any = ..., *, bias: Any = ..., is_causal: bool = ...,
+    dropout_p: float = ..., scale: float | None = ..., return_weights: bool = ...,
+    return_lse: Literal[True], window: Any = ..., causal_alignment: str = ...,
+    softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
+    dropout_mask: Any = ..., rng: Any = ...,
+) -> tuple[np.ndarray, ...]: ...
 def scaled_dot_product_attention(
     q: Any,
     k: Any,
@@ -80,18 +101,30 @@ def scaled_dot_product_attention(
     *,
     bias: Any = None,
     is_causal: bool = False,
+    dropout_p: float = 0.0,
     scale: float | None = None,
     return_weights: bool = False,
-) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    return_lse: bool = False,
+    window: Any = None,
+    causal_alignment: str = "bottom_right",
+    softcap: float | None = None,
+    enable_gqa: bool = False,
+    alibi_slopes: Any = None,
+    dropout_mask: Any = None,
+    rng: Any = None,
+) -> np.ndarray | tuple[np.ndarray, ...]:
     """Scaled dot-product attention.
 
     Shapes:
-        q    (..., T, D)      queries
-        k    (..., S, D)      keys
+        q    (..., T, D)      queries (..., H, T, D) with ``enable_gqa``
+        k    (..., S, D)      keys    (..., Hkv, S, D) with ``enable_gqa``, H % Hkv == 0
         v    (..., S, Dv)     values
         mask bool, broadcastable to (..., T, S); True = may attend
         bias float, broadcastable to (..., T, S); added to the scaled scores (-inf allowed)
-        ->   out (..., T, Dv), and weights (..., T, S) if ``return_weights``
+        alibi_slopes  (H,) or (B, H): adds -slope·|i' - j| (FlashAttention's ``alibi_slopes``)
+        dropout_mask  bool, broadcastable to (..., T, S); True = kept (or drawn from ``rng``)
+        ->   out (..., T, Dv), then weights (..., T, S) if ``return_weights``, then
+             lse (..., T) if ``return_lse``
 
     The leading dims of q, k and v broadcast against each other (e.g. one k/v
     shared by several query batches).
@@ -99,21 +132,36 @@ def scaled_dot_product_attention(
     Formula::
 
         scores  = q @ kᵀ                          (..., T, S)
-        scaled  = scores * scale + bias           scale = 1/√D by default
-        weights = softmax(scaled where allowed)   allowed = mask & causal
+        scaled  = scores * scale                  scale = 1/√D by default
+        scaled  = softcap · tanh(scaled / softcap)      if ``softcap``
+        scaled  = scaled + bias + alibi           alibi = -slope·|i' - j|
+        weights = softmax(scaled where allowed)   allowed = mask & causal & window
+        lse     = log Σ_S exp(scaled where allowed)     (..., T), natural log
+        weights = weights · keep / (1 - dropout_p)      if dropout
         out     = weights @ v                     (..., T, Dv)
 
-    ``is_causal`` is aligned bottom-right, as in FlashAttention: query i sits at
-    absolute position S - T + i and may attend to keys j ≤ S - T + i. With T == S
-    this is the usual lower-triangular mask (identical to torch's ``is_causal``);
-    with T < S it is what cached decoding needs (the new queries are the last T
-    positions). With T > S the first T - S queries see nothing and get zeros.
+    Positions: query i sits at i' = S - T + i (``causal_alignment="bottom_right"``,
+    the default, FlashAttention's) or i' = i (``"top_left"``, torch's
+    ``is_causal`` and JAX's), key j at j. ``is_causal`` allows keys j ≤ i'.
+    With T == S both alignments are the usual lower-triangular mask; with T < S
+    bottom-right is what cached decoding needs (the new queries are the last T
+    positions); with T > S bottom-right leaves the first T - S queries nothing
+    (output 0). ``window=(left, right)`` (FlashAttention's ``window_size``, -1 =
+    unbounded) allows keys i' - left ≤ j ≤ i' + right; an int W means the W most
+    recent keys with ``is_causal`` and W odd, centred, without (as
+    :func:`attnlab.fast.sparse.sliding_window_attention`).
 
-    A row with no key to attend to (all masked, or all bias -inf) gets weights 0
-    and output 0.
+    A row with no key to attend to (all masked, or all bias -inf) gets weights 0,
+    output 0 and lse -inf.
+
+    Dropout (off by default) takes ``dropout_mask`` (True = kept) or draws it
+    from ``rng`` (a ``np.random.Generator`` or a seed); the kept weights are
+    scaled by 1 / (1 - dropout_p), as torch's; the lse is of the weights before
+    dropout.
 
     Dtypes: float32 stays float32, float64 stays float64, integers compute in
-    float64, float16 computes in float32 and is returned as float16.
+    float64, float16 and bfloat16 (``ml_dtypes``) compute in float32 and are
+    returned in their own dtype (lse is float64).
 
     >>> import numpy as np
     >>> q = k = v = np.eye(2)
@@ -122,11 +170,24 @@ def scaled_dot_product_attention(
            [0.33, 0.67]])
     """
     return_weights = check_flag(return_weights, "return_weights")
-    inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale)
-    out, weights = attend(inputs.q, inputs.k, inputs.v, inputs.allowed, inputs.bias, inputs.scale)
+    return_lse = check_flag(return_lse, "return_lse")
+    inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale,
+                          window=window, causal_alignment=causal_alignment, softcap=softcap,
+                          enable_gqa=enable_gqa, alibi_slopes=alibi_slopes)
+    keep, keep_scale = check_dropout(dropout_p, rng, dropout_mask,
+                                     (*inputs.batch, inputs.T, inputs.S))
+    out, weights, lse = attend_with_lse(
+        inputs.q, inputs.k, inputs.v, inputs.allowed, inputs.bias, inputs.scale,
+        softcap=inputs.softcap, keep=keep, keep_scale=keep_scale, lse=return_lse,
+    )
     if inputs.out_dtype != out.dtype:
         out, weights = out.astype(inputs.out_dtype), weights.astype(inputs.out_dtype)
-    return (out, weights) if return_weights else out
+    results: tuple[np.ndarray, ...] = (out,)
+    if return_weights:
+        results += (weights,)
+    if lse is not None:
+        results += (lse,)
+    return results if len(results) > 1 else out
 
 
 def self_attention(X: Any, Wq: Any, Wk: Any, Wv: Any) -> np.ndarray:

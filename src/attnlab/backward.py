@@ -29,7 +29,7 @@ import numpy as np
 
 from .attention import check_axis
 from .errors import ShapeError, as_float_array, shape_str
-from .kernel import attend, check_inputs
+from .kernel import attend, check_dropout, check_inputs, gqa_reduce
 
 __all__ = [
     "AttentionGrads",
@@ -101,7 +101,15 @@ def sdpa_backward(
     *,
     bias: Any = None,
     is_causal: bool = False,
+    dropout_p: float = 0.0,
     scale: float | None = None,
+    window: Any = None,
+    causal_alignment: str = "bottom_right",
+    softcap: float | None = None,
+    enable_gqa: bool = False,
+    alibi_slopes: Any = None,
+    dropout_mask: Any = None,
+    rng: Any = None,
 ) -> AttentionGrads:
     """Gradients of :func:`attnlab.scaled_dot_product_attention` (recomputes the forward).
 
@@ -112,54 +120,79 @@ def sdpa_backward(
         bias float, broadcastable to (..., T, S); -inf allowed
         ->   dq (..., T, D), dk (..., S, D), dv (..., S, Dv), dbias (bias's shape) or None
 
-    ``mask``, ``bias``, ``is_causal`` (bottom-right aligned) and ``scale``
-    (default 1/√D) mean exactly what they mean in the forward.
+    Every option (``mask``, ``bias``, ``is_causal``, ``causal_alignment``,
+    ``window``, ``softcap``, ``enable_gqa``, ``alibi_slopes``, dropout and
+    ``scale``) means exactly what it means in the forward; dropout needs the
+    same ``dropout_mask`` (or the same seed in ``rng``) as the forward. ALiBi's
+    slopes are constants (no gradient); with ``enable_gqa`` dk and dv are summed
+    over the H / Hkv query heads of each key/value head.
 
     Formula, per batch element, with P the attention weights (T, S)::
 
         forward:  z = q kᵀ · scale + bias,  masked -> -inf      (T, S)
+                  (z = c·tanh(q kᵀ · scale / c) + bias with a soft cap c)
                   P = softmax(z)                                (T, S)
-                  out = P v                                     (T, Dv)
-        backward: dv = Pᵀ dout                                  (S, Dv)
-                  dP = dout vᵀ                                  (T, S)
+                  out = (P ⊙ keep / (1 − p)) v                  (T, Dv)  keep = 1 without dropout
+        backward: dv = (P ⊙ keep / (1 − p))ᵀ dout               (S, Dv)
+                  dP = (dout vᵀ) ⊙ keep / (1 − p)               (T, S)
                   dz = P ⊙ (dP − Σ_S dP ⊙ P)                    (T, S)  softmax backward
                   dbias = dz                                    (T, S)
-                  dq = dz k · scale                             (T, D)
-                  dk = dzᵀ q · scale                            (S, D)
+                  ds = dz ⊙ (1 − tanh²(q kᵀ · scale / c))       (T, S)  with a soft cap
+                  dq = ds k · scale                             (T, D)
+                  dk = dsᵀ q · scale                            (S, D)
 
     Masked entries and fully-masked rows have P = 0, hence dz = 0: they pass no
     gradient to q, k or bias, and v gets none from them.
     """
-    inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale)
+    inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale,
+                          window=window, causal_alignment=causal_alignment, softcap=softcap,
+                          enable_gqa=enable_gqa, alibi_slopes=alibi_slopes)
     q_arr, k_arr, v_arr, bias_arr = inputs.q, inputs.k, inputs.v, inputs.bias
     scale_value, out_dtype = inputs.scale, inputs.out_dtype
-    # The kernel's forward gives the weights P (is_causal is in `allowed`).
-    _, weights = attend(q_arr, k_arr, v_arr, inputs.allowed, bias_arr, scale_value)  # (..., T, S)
+    keep, keep_scale = check_dropout(dropout_p, rng, dropout_mask,
+                                     (*inputs.batch, inputs.T, inputs.S))
+    # The kernel's forward gives the weights P (causal and window are in `allowed`).
+    _, weights = attend(q_arr, k_arr, v_arr, inputs.allowed, bias_arr, scale_value,
+                        softcap=inputs.softcap)  # (..., T, S)
     T, Dv = q_arr.shape[-2], v_arr.shape[-1]
     dout_arr = check_upstream(dout, (*weights.shape[:-2], T, Dv), "(..., T, Dv)", weights.dtype)
-    dq, dk, dv, dscaled = attention_backward(q_arr, k_arr, v_arr, weights, dout_arr, scale_value)
+    cap_slope = None
+    if inputs.softcap is not None:
+        raw = (q_arr @ np.swapaxes(k_arr, -1, -2)) * scale_value / inputs.softcap  # (..., T, S)
+        cap_slope = 1.0 - np.square(np.tanh(raw))  # (..., T, S) d/ds c·tanh(s / c)
+    dq, dk, dv, dscaled = attention_backward(q_arr, k_arr, v_arr, weights, dout_arr, scale_value,
+                                             keep=keep, keep_scale=keep_scale,
+                                             cap_slope=cap_slope)
+    groups = inputs.gqa_groups
     return AttentionGrads(
         sum_to_shape(dq, q_arr.shape).astype(out_dtype, copy=False),
-        sum_to_shape(dk, k_arr.shape).astype(out_dtype, copy=False),
-        sum_to_shape(dv, v_arr.shape).astype(out_dtype, copy=False),
-        None if bias_arr is None
-        else sum_to_shape(dscaled, bias_arr.shape).astype(out_dtype, copy=False),
+        gqa_reduce(sum_to_shape(dk, k_arr.shape), groups).astype(out_dtype, copy=False),
+        gqa_reduce(sum_to_shape(dv, v_arr.shape), groups).astype(out_dtype, copy=False),
+        None if inputs.bias_shape is None
+        else sum_to_shape(dscaled, inputs.bias_shape).astype(out_dtype, copy=False),
     )
 
 
 def attention_backward(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.ndarray, dout: np.ndarray,
-    scale: float,
+    scale: float, *, keep: np.ndarray | None = None, keep_scale: float = 1.0,
+    cap_slope: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The formula of :func:`sdpa_backward` on validated arrays and the forward's weights.
 
     Shapes as in :func:`sdpa_backward`, on broadcast (unreduced) shapes; also returns dz
-    (..., T, S). No checks: for callers that validated their inputs.
+    (..., T, S). ``weights`` are before dropout; ``keep`` (bool, broadcastable to
+    (..., T, S)) and ``keep_scale`` are the dropout, ``cap_slope`` (..., T, S) the
+    soft cap's derivative 1 − tanh². No checks: for callers that validated their inputs.
     """
-    dv = np.swapaxes(weights, -1, -2) @ dout  # (..., S, Dv)
+    dropped = weights if keep is None else weights * keep * keep_scale  # (..., T, S)
+    dv = np.swapaxes(dropped, -1, -2) @ dout  # (..., S, Dv)
     dweights = dout @ np.swapaxes(v, -1, -2)  # (..., T, S)
+    if keep is not None:
+        dweights = dweights * keep * keep_scale  # (..., T, S) through the dropout
     dscaled = softmax_backward_rows(weights, dweights)  # (..., T, S)
-    dscores = dscaled * np.asarray(scale, dtype=dscaled.dtype)  # (..., T, S)
+    dcapped = dscaled if cap_slope is None else dscaled * cap_slope  # (..., T, S)
+    dscores = dcapped * np.asarray(scale, dtype=dscaled.dtype)  # (..., T, S)
     dq = dscores @ k  # (..., T, D)
     dk = np.swapaxes(dscores, -1, -2) @ q  # (..., S, D)
     return dq, dk, dv, dscaled

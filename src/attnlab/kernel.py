@@ -6,10 +6,18 @@ once, at its own boundary, with :func:`check_inputs`, and then computes on the
 validated arrays with :func:`attend` (or, on the tiled paths, with the same
 softmax rule). Nothing below the boundary checks again.
 
-    attend(q, k, v, allowed, bias, scale):
-        scaled  = q @ kᵀ · scale + bias          (..., T, S)
+    attend(q, k, v, allowed, bias, scale, softcap=c):
+        scaled  = q @ kᵀ · scale                 (..., T, S)
+        scaled  = c · tanh(scaled / c)           with a soft cap (Gemma 2, FlashAttention)
+        scaled  = scaled + bias                  bias includes ALiBi's -slope·|i' - j|
         weights = softmax(scaled where allowed)  rows with nothing allowed -> 0
         out     = weights @ v                    (..., T, Dv)
+
+``allowed`` holds the mask, the causal rule and the window; both causal
+alignments and every window are one band of positions (:class:`attnlab.shapes.Band`):
+query i sits at i' = S - T + i (bottom-right, the default) or i' = i (top-left)
+and may attend key j iff i' - left <= j <= i' + right. ``enable_gqa`` repeats
+each of Hkv key/value heads for H / Hkv query heads (torch's rule).
 
 Dimension legend: B batch, H heads, T query length, S key length, D head dim,
 Dv value dim. ``...`` is any number of leading batch dims, which broadcast.
@@ -36,18 +44,26 @@ from .errors import (
     check_scale,
     shape_str,
 )
-from .masks import causal_mask
+from .masks import band_mask
+from .shapes import Band, attention_band, check_causal_alignment, check_window_pair
 
 __all__ = [
     "AttentionInputs",
     "MAX_SCORE_ELEMENTS",
     "abs_max",
+    "alibi_tile",
     "attend",
+    "attend_with_lse",
+    "check_alibi_slopes",
+    "check_dropout",
+    "check_softcap",
+    "gqa_reduce",
     "check_inputs",
     "check_key_padding",
     "check_mask_and_bias",
     "check_score_range",
     "softmax_rows",
+    "softmax_rows_with_lse",
     "stable_softmax",
 ]
 
@@ -61,9 +77,12 @@ MAX_SCORE_ELEMENTS = MAX_ELEMENTS
 class AttentionInputs:
     """Validated attention inputs: arrays of one float dtype, checked shapes, a scale.
 
-    ``allowed`` includes the causal mask unless the inputs were checked with
-    ``tiled=True`` (the tiled paths build causality per tile); ``is_causal``
-    says whether it was asked for.
+    ``allowed`` includes the causal mask and the window (``band``) unless the
+    inputs were checked with ``tiled=True`` (the tiled paths build them per
+    tile); ``is_causal`` says whether it was asked for. Likewise ``bias``
+    includes the ALiBi bias of ``alibi_slopes`` unless ``tiled``. With
+    ``enable_gqa``, k and v hold each key/value head repeated ``gqa_groups``
+    times (:func:`gqa_reduce` sums a gradient back).
     """
 
     q: np.ndarray  # (..., T, D)
@@ -75,6 +94,12 @@ class AttentionInputs:
     is_causal: bool
     out_dtype: np.dtype  # float16 inputs compute in float32 and are returned as float16
     batch: tuple[int, ...]  # the broadcast leading dims of q, k, v
+    band: Band | None = None  # the causal rule and the window, by position; None = none
+    softcap: float | None = None  # c in c·tanh(scores / c); None = no cap
+    alibi_slopes: np.ndarray | None = None  # (..., 1, 1) broadcasting to (..., T, S)
+    gqa_groups: int = 1  # query heads per key/value head (enable_gqa)
+    bias_shape: tuple[int, ...] | None = None  # the caller's bias shape (before ALiBi)
+    offset: int = 0  # query i sits at position offset + i (S - T bottom-right, 0 top-left)
 
     @property
     def T(self) -> int:  # noqa: N802 - the dimension legend's letter
@@ -95,24 +120,34 @@ class AttentionInputs:
 
 def check_inputs(
     q: Any, k: Any, v: Any, mask: Any = None, *, bias: Any = None, is_causal: Any = False,
-    scale: Any = None, tiled: bool = False,
+    scale: Any = None, tiled: bool = False, window: Any = None,
+    causal_alignment: Any = "bottom_right", softcap: Any = None, enable_gqa: Any = False,
+    alibi_slopes: Any = None,
 ) -> AttentionInputs:
     """Validate and convert the inputs of attention, before any math.
 
     Shapes: q (..., T, D), k (..., S, D), v (..., S, Dv); mask (bool) and bias
-    broadcastable to (..., T, S). Raises :class:`attnlab.AttnlabError` naming
-    the argument, what was expected and what was received.
+    broadcastable to (..., T, S). With ``enable_gqa`` q is (..., H, T, D) and k,
+    v (..., Hkv, S, ·) with H % Hkv == 0. ``alibi_slopes`` (H,) or (B, H),
+    broadcasting against the batch dims (..., H). Raises
+    :class:`attnlab.AttnlabError` naming the argument, what was expected and
+    what was received.
 
     ``tiled=True`` is for paths that never build the (T, S) score matrix
-    (flash): no MAX_SCORE_ELEMENTS refusal, and causality is left to them.
+    (flash): no MAX_SCORE_ELEMENTS refusal, and causality, the window and
+    ALiBi are left to them (``band``, ``alibi_slopes``).
     """
-    all_half = all(getattr(a, "dtype", None) == np.float16 for a in (q, k, v))
+    low_precision = _low_precision_dtype(q, k, v)
     q_arr = as_float_array(q, "q")
     k_arr = as_float_array(k, "k")
     v_arr = as_float_array(v, "v")
     check_ndim(q_arr, "q", 2, "(..., T, D)")
     check_ndim(k_arr, "k", 2, "(..., S, D)")
     check_ndim(v_arr, "v", 2, "(..., S, Dv)")
+    enable_gqa = check_flag(enable_gqa, "enable_gqa")
+    groups = 1
+    if enable_gqa:
+        k_arr, v_arr, groups = _repeat_kv_heads(q_arr, k_arr, v_arr)
     T, D = q_arr.shape[-2:]
     S = k_arr.shape[-2]
     if k_arr.shape[-1] != D:
@@ -143,17 +178,163 @@ def check_inputs(
     q_arr, k_arr, v_arr = (a.astype(dtype, copy=False) for a in (q_arr, k_arr, v_arr))
 
     scale_value = check_scale(scale, D)
+    cap = check_softcap(softcap)
+    alignment = check_causal_alignment(causal_alignment)
+    is_causal = check_flag(is_causal, "is_causal")
+    band = attention_band(T, S, is_causal=is_causal, window=check_window_pair(window, is_causal),
+                          causal_alignment=alignment)
     allowed, bias_arr, is_causal = check_mask_and_bias(
-        mask, bias, is_causal, score_shape, dtype, tiled=tiled
+        mask, bias, is_causal, score_shape, dtype, tiled=True
     )
+    bias_shape = None if bias_arr is None else tuple(bias_arr.shape)
     check_score_range(
         abs_max(q_arr), abs_max(k_arr), D, scale_value, dtype,
         bias_max=float(np.max(bias_arr)) if bias_arr is not None and bias_arr.size else 0.0,
     )
+    slopes = check_alibi_slopes(alibi_slopes, batch, dtype)
+    offset = S - T if alignment == "bottom_right" else 0
+    if not tiled:
+        if band is not None:
+            window_allowed = band_mask(band, T, S)  # (T, S)
+            allowed = window_allowed if allowed is None else (allowed & window_allowed)
+        if slopes is not None:
+            alibi = alibi_tile(slopes, offset, 0, T, 0, S)  # (..., T, S)
+            bias_arr = alibi if bias_arr is None else bias_arr + alibi
 
-    out_dtype = np.dtype(np.float16) if all_half else dtype
+    out_dtype = low_precision if low_precision is not None else dtype
     return AttentionInputs(q_arr, k_arr, v_arr, allowed, bias_arr, scale_value, is_causal,
-                           out_dtype, tuple(batch))
+                           out_dtype, tuple(batch), band, cap, slopes, groups, bias_shape,
+                           offset)
+
+
+def _low_precision_dtype(*arrays: Any) -> np.dtype | None:
+    """float16 (or bfloat16, ml_dtypes') when every input has it: computed in float32 and
+    returned in it, as torch does on CPU; else None."""
+    dtypes = {getattr(a, "dtype", None) for a in arrays}
+    if len(dtypes) == 1:
+        (only,) = dtypes
+        if only == np.float16 or getattr(only, "name", None) == "bfloat16":
+            return np.dtype(only)
+    return None
+
+
+def _repeat_kv_heads(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """torch's enable_gqa: q (..., H, T, D), k (..., Hkv, S, D), v (..., Hkv, S, Dv) -> k, v
+    with each key/value head repeated H / Hkv times (query head h reads key/value head
+    h // (H / Hkv)), and H / Hkv."""
+    for name, arr, layout in (("q", q, "(..., H, T, D)"), ("k", k, "(..., Hkv, S, D)"),
+                              ("v", v, "(..., Hkv, S, Dv)")):
+        if arr.ndim < 3:
+            raise ShapeError(f"{name}: expected {layout} with enable_gqa=True, "
+                             f"got {shape_str(arr.shape)}")
+    H, Hkv = q.shape[-3], k.shape[-3]
+    if v.shape[-3] != Hkv:
+        raise ShapeError(
+            f"v: expected (..., {Hkv}, S, Dv) with k's {Hkv} key/value heads (enable_gqa=True), "
+            f"got {shape_str(v.shape)}"
+        )
+    if Hkv == 0 or H % Hkv:
+        raise ShapeError(
+            f"k: expected a number of key/value heads Hkv that divides q's H = {H} heads "
+            f"(enable_gqa=True), got Hkv = {Hkv} in k {shape_str(k.shape)}"
+        )
+    groups = H // Hkv
+    if groups == 1:
+        return k, v, 1
+    return np.repeat(k, groups, axis=-3), np.repeat(v, groups, axis=-3), groups  # (..., H, S, ·)
+
+
+def gqa_reduce(grad: np.ndarray, groups: int) -> np.ndarray:
+    """Sum a gradient of repeated key/value heads (..., H, S, ·) back to (..., H / groups, S, ·)."""
+    if groups == 1:
+        return grad
+    *lead, H, S, E = grad.shape
+    return grad.reshape(*lead, H // groups, groups, S, E).sum(axis=-3)
+
+
+def check_softcap(softcap: Any) -> float | None:
+    """The soft cap c of c·tanh(scores / c): None (or 0, FlashAttention's "off") or a finite
+    real number > 0."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(
+        softcap, (int, float, np.integer, np.floating)
+    ):
+        raise AttnlabError(f"softcap: expected a real number > 0 or None, got {softcap!r}")
+    value = float(softcap)
+    if value == 0.0:
+        return None
+    if not (value > 0.0 and np.isfinite(value)):
+        raise AttnlabError(f"softcap: expected a finite real number > 0 or None, got {value}")
+    return value
+
+
+def check_alibi_slopes(
+    slopes: Any, batch: tuple[int, ...], dtype: Any
+) -> np.ndarray | None:
+    """ALiBi slopes (H,) or (B, H), FlashAttention's ``alibi_slopes``, broadcasting against
+    the batch dims (..., H): -> (..., H, 1, 1) in ``dtype``, or None."""
+    if slopes is None:
+        return None
+    arr = as_float_array(slopes, "alibi_slopes")
+    if arr.ndim not in (1, 2):
+        raise ShapeError(f"alibi_slopes: expected (H,) or (B, H), got {shape_str(arr.shape)}")
+    check_broadcastable(arr.shape, batch, "alibi_slopes", "the batch dims (..., H)")
+    return arr.astype(dtype, copy=False)[..., None, None]  # (..., H, 1, 1)
+
+
+def alibi_tile(
+    slopes: np.ndarray, offset: int, q0: int, q1: int, k0: int, k1: int
+) -> np.ndarray:
+    """ALiBi's bias for queries q0..q1-1 (at offset + i) and keys k0..k1-1: -slope·|i' - j|.
+
+    Shapes: slopes (..., 1, 1) -> (..., q1 - q0, k1 - k0). FlashAttention's
+    ``alibi_slopes`` bias (its non-causal form; with a causal mask it differs
+    from the causal form by a constant per row, which softmax ignores).
+    """
+    query_pos = np.arange(q0, q1, dtype=slopes.dtype)[:, None] + slopes.dtype.type(offset)
+    distance = np.abs(query_pos - np.arange(k0, k1, dtype=slopes.dtype)[None, :])  # (bq, bk)
+    return -slopes * distance  # (..., bq, bk)
+
+
+def check_dropout(
+    dropout_p: Any, rng: Any, dropout_mask: Any, score_shape: tuple[int, ...]
+) -> tuple[np.ndarray | None, float]:
+    """Dropout on the weights: (keep, 1 / (1 - p)), keep bool broadcastable to (..., T, S)
+    (True = kept), or (None, 1.0) without dropout.
+
+    ``dropout_mask`` is the keep-mask itself (pass the same to the torch twin);
+    else ``rng`` (a ``np.random.Generator`` or an int seed) draws keep ~ Bernoulli(1 - p).
+    """
+    if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(
+        dropout_p, (int, float, np.integer, np.floating)
+    ) or not 0.0 <= float(dropout_p) < 1.0:
+        raise AttnlabError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
+    p = float(dropout_p)
+    if dropout_mask is not None:
+        keep = as_bool_mask(dropout_mask, "dropout_mask")
+        check_broadcastable(keep.shape, score_shape, "dropout_mask", "(..., T, S)")
+        if p == 0.0:
+            raise AttnlabError(
+                "dropout_p: expected the probability the dropout_mask was drawn with (> 0), "
+                "got 0.0"
+            )
+        return keep, 1.0 / (1.0 - p)
+    if p == 0.0:
+        return None, 1.0
+    if rng is None:
+        raise AttnlabError(
+            "rng: expected a np.random.Generator or an int seed with dropout_p > 0 (or a "
+            "dropout_mask), got None: attnlab draws no hidden random numbers"
+        )
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        rng = np.random.default_rng(int(rng))
+    if not isinstance(rng, np.random.Generator):
+        raise AttnlabError(f"rng: expected a np.random.Generator or an int seed, got {rng!r}")
+    keep = rng.random(score_shape) >= p  # (..., T, S) True = kept
+    return keep, 1.0 / (1.0 - p)
 
 
 
@@ -189,7 +370,7 @@ def check_mask_and_bias(
         allowed = as_bool_mask(mask, "mask")
         check_broadcastable(allowed.shape, score_shape, "mask", "(..., T, S)")
     if is_causal and not tiled:
-        causal = causal_mask(T, S)  # (T, S)
+        causal = band_mask(Band(None, 0, S - T), T, S)  # (T, S) bottom-right
         allowed = causal if allowed is None else (allowed & causal)
     bias_arr: np.ndarray | None = None
     if bias is not None:
@@ -247,18 +428,39 @@ def check_score_range(
 
 def attend(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray | None = None,
-    bias: np.ndarray | None = None, scale: float = 1.0,
+    bias: np.ndarray | None = None, scale: float = 1.0, *, softcap: float | None = None,
+    keep: np.ndarray | None = None, keep_scale: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """softmax(q kᵀ · scale + bias, where allowed) v, on already validated arrays.
+    """softmax(cap(q kᵀ · scale) + bias, where allowed) v, on already validated arrays.
 
     Shapes: q (..., T, D), k (..., S, D), v (..., S, Dv); allowed (bool, True =
-    may attend) and bias broadcastable to (..., T, S) -> out (..., T, Dv),
-    weights (..., T, S). No checks: call it below a boundary that ran
+    may attend), bias and keep (bool, True = kept by dropout) broadcastable to
+    (..., T, S) -> out (..., T, Dv), weights (..., T, S). ``softcap`` c makes
+    the scaled scores c·tanh(s / c) before the bias and the mask. With ``keep``
+    the weights are multiplied by keep · keep_scale (dropout) before v; the
+    returned weights are those. No checks: call it below a boundary that ran
     :func:`check_inputs` (or an equivalent check of its own arguments).
     """
+    out, weights, _ = attend_with_lse(q, k, v, allowed, bias, scale, softcap=softcap, keep=keep,
+                                      keep_scale=keep_scale, lse=False)
+    return out, weights
+
+
+def attend_with_lse(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray | None = None,
+    bias: np.ndarray | None = None, scale: float = 1.0, *, softcap: float | None = None,
+    keep: np.ndarray | None = None, keep_scale: float = 1.0, lse: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """:func:`attend`, and the log-sum-exp (..., T) of each row's scores (float64, natural
+    log, -inf for a row with nothing to attend to, as flash's), before dropout."""
     scaled = q @ np.swapaxes(k, -1, -2)  # (..., T, S) scores
     scaled *= np.asarray(scale, dtype=scaled.dtype)  # in place: one pass, no copy
-    extra = [a.shape for a in (bias, allowed) if a is not None]
+    if softcap is not None:
+        cap = np.asarray(softcap, dtype=scaled.dtype)
+        scaled /= cap
+        np.tanh(scaled, out=scaled)
+        scaled *= cap  # (..., T, S) c·tanh(s / c)
+    extra = [a.shape for a in (bias, allowed, keep) if a is not None]
     if extra and np.broadcast_shapes(scaled.shape, *extra) != scaled.shape:
         # A mask/bias with more batch dims than q and k: materialise the broadcast.
         scaled = np.array(np.broadcast_to(scaled, np.broadcast_shapes(scaled.shape, *extra)))
@@ -267,8 +469,11 @@ def attend(
             scaled += bias  # (..., T, S)
     if allowed is not None:
         np.copyto(scaled, -np.inf, where=~allowed)  # (..., T, S) blocked -> -inf
-    weights = softmax_rows(scaled)  # (..., T, S)
-    return weights @ v, weights  # (..., T, Dv), (..., T, S)
+    weights, row_lse = softmax_rows_with_lse(scaled, lse=lse)  # (..., T, S), (..., T)
+    if keep is not None:
+        weights *= keep
+        weights *= np.asarray(keep_scale, dtype=weights.dtype)  # (..., T, S) after dropout
+    return weights @ v, weights, row_lse  # (..., T, Dv), (..., T, S), (..., T)
 
 
 def softmax_rows(scores: np.ndarray) -> np.ndarray:
@@ -278,17 +483,31 @@ def softmax_rows(scores: np.ndarray) -> np.ndarray:
     stays all 0. The row max is subtracted first, so ±1e4 neither overflows nor
     gives NaN. Shapes: (..., S) -> (..., S).
     """
+    return softmax_rows_with_lse(scores, lse=False)[0]
+
+
+def softmax_rows_with_lse(
+    scores: np.ndarray, *, lse: bool = True
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`softmax_rows`, and log Σ exp(scores) per row: (..., S) -> (..., S), (..., ) float64
+    (-inf for an all -inf row; None unless ``lse``)."""
     if scores.shape[-1] == 0:
-        return scores
+        empty_lse = np.full(scores.shape[:-1], -np.inf) if lse else None
+        return scores, empty_lse
     row_max = np.max(scores, axis=-1, keepdims=True)  # (..., 1)
-    row_max[np.isneginf(row_max)] = 0.0  # all-masked row: avoid -inf - -inf
+    empty = np.isneginf(row_max)  # (..., 1)
+    row_max[empty] = 0.0  # all-masked row: avoid -inf - -inf
     with np.errstate(over="ignore"):  # -1e308 - 1e308 = -inf: exp gives its exact weight 0
         scores -= row_max
     np.exp(scores, out=scores)
     sums = np.sum(scores, axis=-1, keepdims=True)  # (..., 1)
     sums[sums == 0.0] = 1.0  # nothing to attend to: leave the zeros
     scores /= sums
-    return scores
+    if not lse:
+        return scores, None
+    row_lse = row_max.astype(np.float64) + np.log(sums.astype(np.float64))  # (..., 1)
+    row_lse[empty] = -np.inf
+    return scores, row_lse[..., 0]
 
 
 def stable_softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:

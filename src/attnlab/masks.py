@@ -28,12 +28,16 @@ from .errors import (
     as_array,
     as_bool_mask,
     check_alloc,
+    check_flag,
     check_positive_int,
     shape_str,
 )
+from .shapes import Band, attention_band, check_causal_alignment, check_window_pair
 
 __all__ = [
+    "band_mask",
     "causal_mask",
+    "window_mask",
     "padding_mask",
     "from_blocked",
     "from_keep",
@@ -41,14 +45,19 @@ __all__ = [
 ]
 
 
-def causal_mask(T: int, S: int | None = None) -> np.ndarray:
-    """Bottom-right aligned causal mask, True = may attend.
+def causal_mask(
+    T: int, S: int | None = None, *, causal_alignment: str = "bottom_right"
+) -> np.ndarray:
+    """Causal mask, True = may attend; bottom-right aligned unless told otherwise.
 
     Shapes: -> (T, S); S defaults to T.
 
-    Query i sits at absolute position S - T + i and may attend to keys
-    j ≤ S - T + i (FlashAttention's alignment). With T == S it is the lower
-    triangle; with T = 1 (one decoding step over S cached keys) it allows all S.
+    ``causal_alignment="bottom_right"`` (the default, FlashAttention's): query i
+    sits at absolute position S - T + i and may attend to keys j ≤ S - T + i.
+    With T == S it is the lower triangle; with T = 1 (one decoding step over S
+    cached keys) it allows all S. ``"top_left"`` (torch's ``is_causal``, JAX's):
+    query i may attend to keys j ≤ i, ``np.tril(np.ones((T, S), bool))``. The
+    two agree when T == S.
 
     >>> causal_mask(3).astype(int)
     array([[1, 0, 0],
@@ -57,14 +66,67 @@ def causal_mask(T: int, S: int | None = None) -> np.ndarray:
     >>> causal_mask(2, 4).astype(int)
     array([[1, 1, 1, 0],
            [1, 1, 1, 1]])
+    >>> causal_mask(2, 4, causal_alignment="top_left").astype(int)
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0]])
     """
     T = check_positive_int(T, "T", allow_zero=True)
     sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
+    alignment = check_causal_alignment(causal_alignment)
     check_alloc((T, S), np.bool_, "the causal mask (T, S)", sizes)
-    query_pos = np.arange(T)[:, None] + (S - T)  # (T, 1) absolute positions
-    key_pos = np.arange(S)[None, :]  # (1, S)
-    return key_pos <= query_pos  # (T, S)
+    band = attention_band(T, S, is_causal=True, window=None, causal_alignment=alignment)
+    assert band is not None  # is_causal always gives a band
+    return band_mask(band, T, S)  # (T, S)
+
+
+def window_mask(
+    T: int, S: int | None = None, *, window: Any, is_causal: bool = False,
+    causal_alignment: str = "bottom_right",
+) -> np.ndarray:
+    """The mask of ``window`` (and ``is_causal``) as every attention path applies it: -> (T, S).
+
+    Query i sits at position p (p = S - T + i bottom-right, p = i top-left), key
+    j at j. ``window=(left, right)`` is FlashAttention's ``window_size``: keys
+    p - left ≤ j ≤ p + right, -1 = unbounded on that side; ``is_causal`` also
+    cuts at j ≤ p. An int W keeps attnlab's meaning: with ``is_causal`` the W most
+    recent keys, itself included, i.e. (W - 1, 0); without, W odd and (W - 1) / 2
+    keys on each side. See the README's table for other libraries' conventions.
+
+    >>> window_mask(4, window=(1, 0)).astype(int)
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0],
+           [0, 1, 1, 0],
+           [0, 0, 1, 1]])
+    >>> window_mask(3, 4, window=(0, 1), causal_alignment="top_left").astype(int)
+    array([[1, 1, 0, 0],
+           [0, 1, 1, 0],
+           [0, 0, 1, 1]])
+    """
+    T = check_positive_int(T, "T", allow_zero=True)
+    sizes = "T" if S is None else "T, S"
+    S = T if S is None else check_positive_int(S, "S", allow_zero=True)
+    is_causal = check_flag(is_causal, "is_causal")
+    pair = check_window_pair(window, is_causal)
+    alignment = check_causal_alignment(causal_alignment)
+    check_alloc((T, S), np.bool_, "the window mask (T, S)", sizes)
+    band = attention_band(T, S, is_causal=is_causal, window=pair, causal_alignment=alignment)
+    if band is None:
+        return np.ones((T, S), dtype=bool)
+    return band_mask(band, T, S)  # (T, S)
+
+
+def band_mask(band: Band, T: int, S: int, q0: int = 0, k0: int = 0) -> np.ndarray:
+    """The checked ``band``'s mask for queries q0 .. q0 + T - 1 and keys k0 .. k0 + S - 1:
+    -> (T, S) bool, True = may attend. No checks (see :func:`window_mask`)."""
+    query_pos = np.arange(q0, q0 + T)[:, None] + band.offset  # (T, 1) absolute positions
+    key_pos = np.arange(k0, k0 + S)[None, :]  # (1, S)
+    allowed = np.ones((T, S), dtype=bool)
+    if band.right is not None:
+        allowed &= key_pos <= query_pos + band.right
+    if band.left is not None:
+        allowed &= key_pos >= query_pos - band.left
+    return allowed  # (T, S)
 
 
 def padding_mask(attention_mask: Any) -> np.ndarray:

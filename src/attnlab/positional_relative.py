@@ -27,6 +27,7 @@ from .errors import (
     AttnlabError,
     ShapeError,
     as_array,
+    as_float_array,
     check_alloc,
     check_flag,
     check_positive_int,
@@ -236,8 +237,8 @@ def alibi_slopes(num_heads: int) -> np.ndarray:  # -> (H,)
 
 
 def alibi_bias(
-    num_heads: int, T: int, S: int | None = None, *, dtype: Any = np.float64
-) -> np.ndarray:  # -> (H, T, S)
+    num_heads: int, T: int, S: int | None = None, *, slopes: Any = None, dtype: Any = np.float64
+) -> np.ndarray:  # -> (H, T, S), or (B, H, T, S) for slopes (B, H)
     """The ALiBi bias to add to the scores: ``bias[h, i, j] = -slope[h] * |pos_i - j|``.
 
     Query ``i`` sits at absolute position ``pos_i = S - T + i`` and key ``j`` at
@@ -255,20 +256,34 @@ def alibi_bias(
     it differs from ``slope * (j - pos_i)`` by a constant, which softmax ignores.)
     When ``T > S``, the first ``T - S`` queries sit at negative positions.
 
+    ``slopes``: your own, (H,) or per batch item (B, H) as FlashAttention's
+    ``alibi_slopes`` (H = ``num_heads``); the default is :func:`alibi_slopes`.
+    The attention functions also take them directly (``alibi_slopes=``), and
+    flash then makes the bias tile by tile, never (T, S).
+
     >>> bias = alibi_bias(8, 2, 5)          # 2 new queries, 5 keys (3 cached)
     >>> bias.shape
     (8, 2, 5)
     >>> (bias[0] * 2).tolist()              # head 0 has slope 1/2
     [[-3.0, -2.0, -1.0, 0.0, -1.0], [-4.0, -3.0, -2.0, -1.0, 0.0]]
     """
-    slopes = alibi_slopes(num_heads)  # (H,)
+    if slopes is None:
+        slope_arr = alibi_slopes(num_heads)  # (H,)
+    else:
+        H = check_positive_int(num_heads, "num_heads")
+        slope_arr = as_float_array(slopes, "slopes").astype(np.float64)
+        if slope_arr.ndim not in (1, 2) or slope_arr.shape[-1] != H:
+            raise ShapeError(
+                f"slopes: expected ({H},) or (B, {H}) for num_heads = {H}, "
+                f"got {shape_str(slope_arr.shape)}"
+            )
     T = check_positive_int(T, "T", allow_zero=True)
     sizes = "num_heads, T" if S is None else "num_heads, T, S"  # to blame for a huge bias
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     out_dtype = float_dtype(dtype)
-    check_alloc((len(slopes), T, S), np.float64, "the bias (H, T, S)", sizes)
+    check_alloc((*slope_arr.shape, T, S), np.float64, "the bias (..., H, T, S)", sizes)
     query_positions = (S - T) + np.arange(T)  # (T,)
     key_positions = np.arange(S)  # (S,)
     distance = np.abs(query_positions[:, None] - key_positions[None, :])  # (T, S)
-    bias = slopes[:, None, None] * -distance[None, :, :]  # (H, T, S)
+    bias = slope_arr[..., None, None] * -distance  # (..., H, T, S)
     return bias.astype(out_dtype)

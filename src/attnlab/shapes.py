@@ -33,6 +33,11 @@ __all__ = [
     "ring_segments",
     "check_window",
     "check_positions",
+    "CAUSAL_ALIGNMENTS",
+    "Band",
+    "attention_band",
+    "check_causal_alignment",
+    "check_window_pair",
 ]
 
 Shape = Sequence[int]
@@ -276,3 +281,98 @@ def check_positions(positions: Sequence[int], name: str, S: int) -> tuple[int, .
     if len(set(ints)) != len(ints):
         raise AttnlabError(f"{name}: expected distinct positions, got {ints}")
     return tuple(sorted(ints))
+
+
+# ------------------------------------------------------------- causal and window bands
+
+
+CAUSAL_ALIGNMENTS = ("bottom_right", "top_left")
+
+
+class Band(NamedTuple):
+    """Which keys each query may reach by position: the causal rule and the window, as one band.
+
+    Query i sits at position ``offset + i`` (``offset`` = S - T bottom-right, as
+    FlashAttention; 0 top-left, as torch's ``is_causal`` and JAX), key j at j.
+    Query i may attend key j iff ``p - left <= j <= p + right`` with p = offset + i;
+    ``left`` / ``right`` None = unbounded on that side.
+    """
+
+    left: int | None
+    right: int | None
+    offset: int
+
+    def reaches(self, p_low: int, p_high: int, k_low: int, k_high: int) -> str:
+        """For queries at positions [p_low, p_high] and keys [k_low, k_high]: "none" if no
+        pair is in the band, "all" if every pair is, else "some"."""
+        if (self.right is not None and k_low > p_high + self.right) or (
+                self.left is not None and k_high < p_low - self.left):
+            return "none"
+        if (self.right is None or k_high <= p_low + self.right) and (
+                self.left is None or k_low >= p_high - self.left):
+            return "all"
+        return "some"
+
+
+def check_causal_alignment(causal_alignment: object) -> str:
+    """``"bottom_right"`` (the default: query i at S - T + i) or ``"top_left"`` (query i at i)."""
+    if causal_alignment not in CAUSAL_ALIGNMENTS:
+        raise AttnlabError(
+            f"causal_alignment: expected 'bottom_right' or 'top_left', got {causal_alignment!r}"
+        )
+    return str(causal_alignment)
+
+
+def check_window_pair(window: object, is_causal: bool) -> tuple[int | None, int | None] | None:
+    """``window`` as (left, right) key counts, None = unbounded; None for no window.
+
+    - an int W keeps its meaning everywhere in attnlab: with ``is_causal`` the W
+      most recent keys, itself included, (W - 1, 0); without, W odd and the
+      query with (W - 1) / 2 keys on each side;
+    - a pair (left, right) of ints >= -1 is FlashAttention's ``window_size``:
+      query at p attends keys p - left <= j <= p + right, -1 = unbounded.
+      ``is_causal`` then also cuts at j <= p (right becomes 0, as FlashAttention does).
+    """
+    if window is None:
+        return None
+    if isinstance(window, tuple | list):
+        if len(window) != 2:
+            raise AttnlabError(
+                f"window: expected an int W or a pair (left, right), got {len(window)} values "
+                f"{tuple(window)!r}"
+            )
+        sides: list[int | None] = []
+        for side, value in zip(("left", "right"), window, strict=True):
+            if isinstance(value, bool) or not hasattr(value, "__index__"):
+                raise AttnlabError(
+                    f"window: expected ({side} = an int >= -1, ...), got {value!r} for {side}"
+                )
+            count = int(value.__index__())
+            if count < -1:
+                raise AttnlabError(
+                    f"window: expected {side} >= -1 (-1 = unbounded), got {count}"
+                )
+            sides.append(None if count == -1 else count)
+        left, right = sides
+        if is_causal:
+            right = 0 if right is None else min(right, 0)
+        return left, right
+    W = check_window(window, is_causal)
+    return (W - 1, 0) if is_causal else ((W - 1) // 2, (W - 1) // 2)
+
+
+def attention_band(
+    T: int, S: int, *, is_causal: bool, window: tuple[int | None, int | None] | None,
+    causal_alignment: str,
+) -> Band | None:
+    """The band of ``is_causal`` and a checked ``window`` (see :func:`check_window_pair`);
+    None when neither restricts anything."""
+    offset = S - T if causal_alignment == "bottom_right" else 0
+    if window is None:
+        return Band(None, 0, offset) if is_causal else None
+    left, right = window
+    if is_causal:
+        right = 0 if right is None else min(right, 0)
+    if left is None and right is None:
+        return None
+    return Band(left, right, offset)

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from attnlab.cli.app import main
+from attnlab.cli.inspect import DEFAULT_TEXTS
 from attnlab.models import load_minilm
+from attnlab.report.viewer import decode_weights
 
 
 def test_inspect_writes_every_output(capsys, tmp_path):
@@ -21,7 +23,13 @@ def test_inspect_writes_every_output(capsys, tmp_path):
     assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
     data = json.loads((tmp_path / "diagnostics.json").read_text(encoding="utf-8"))
     assert len(data["heads"]) == 4 and len(data["layers"]) == 2  # 2 layers × 2 heads
-    assert "entropy" in out and "layers [2, 6], heads [1, 12]" in out
+    # The model's own numbers, counted from 1 as on the command line, in the JSON too.
+    assert data["numbered_from"] == 1
+    assert [(h["layer"], h["head"]) for h in data["heads"]] == [(2, 1), (2, 12), (6, 1), (6, 12)]
+    assert [layer["layer"] for layer in data["layers"]] == [2, 6]
+    assert data["layers"][0]["heads"] == [1, 12]
+    table_rows = [line.split()[:2] for line in out.splitlines() if line[:1] == " "]
+    assert table_rows[:4] == [["2", "1"], ["2", "12"], ["6", "1"], ["6", "12"]]
     # The viewer embeds exactly the model's weights for layer 2, head 1.
     weights, tokens = load_minilm().attentions("The cat sat.")
     html = (tmp_path / "view.html").read_text(encoding="utf-8")
@@ -29,10 +37,11 @@ def test_inspect_writes_every_output(capsys, tmp_path):
     payload = html[html.index(">", start) + 1: html.index("</script>", start)]
     data = json.loads(payload)
     assert data["tokens"] == tokens == ["[CLS]", "the", "cat", "sat", ".", "[SEP]"]
-    shown = np.array(data["weights"])  # (2, 2, T, T): layers 2, 6 × heads 1, 12
-    # The page rounds weights to a few decimals for size: compare at that precision.
-    np.testing.assert_allclose(shown[0, 0], weights[1, 0], atol=1e-4)
-    np.testing.assert_allclose(shown[1, 1], weights[5, 11], atol=1e-4)
+    assert data["layer_numbers"] == [2, 6] and data["head_numbers"] == [1, 12]
+    shown = decode_weights(data["weights"], (2, 2, 6, 6))  # layers 2, 6 × heads 1, 12
+    # 16-bit codes of weight / row max: within 7.7e-6 (tests/report/test_viewer.py).
+    np.testing.assert_allclose(shown[0, 0], weights[1, 0], atol=7.7e-6)
+    np.testing.assert_allclose(shown[1, 1], weights[5, 11], atol=7.7e-6)
 
 
 def test_inspect_json_and_chinese(capsys, tmp_path):
@@ -51,6 +60,10 @@ def test_inspect_json_and_chinese(capsys, tmp_path):
     (["inspect", "--head", "0"], "--head: expected numbers in 1..12, got 0"),
     (["inspect", "   "], "text: expected some text"),
     (["inspect", "--model", "/nonexistent/dir"], "path: expected a model directory"),
+    (["inspect", "--max-length", "600"], "--max-length: expected 1..512, got 600"),
+    (["inspect", "--max-length", "0"], "--max-length: expected a number of tokens >= 1, got 0"),
+    (["inspect", "a cat", "--find", "dog->cat"], "--find: source: expected one of the text"),
+    (["inspect", "a cat", "--find", "cat"], "--find: expected two tokens joined by '->'"),
 ])
 def test_inspect_errors_are_one_line(capsys, tmp_path, args, message):
     code = main([*args, "--out", str(tmp_path)])
@@ -73,7 +86,13 @@ def test_inspect_says_when_the_text_was_cut(capsys, tmp_path):
                  str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 0
-    assert "note: the text is longer than the model's 256 tokens; only its start was run" in err
+    assert ("note: the text is longer than 256 tokens; only its start was run "
+            "(--max-length goes up to 512)") in err
+    code = main(["inspect", "word " * 300, "--layer", "1", "--head", "1", "--max-length",
+                 "512", "--format", "json", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0 and "note:" not in err
+    assert json.loads(out)["shape"]["T"] == 302  # 300 words + [CLS] + [SEP]
     code = main(["inspect", "short text", "--layer", "1", "--head", "1", "--out", str(tmp_path)])
     assert code == 0 and "note:" not in capsys.readouterr().err
 
@@ -88,4 +107,32 @@ def test_inspect_names_characters_the_vocabulary_lacks(capsys, tmp_path):
                  "--out", str(tmp_path)])
     out, err = capsys.readouterr()
     assert code == 0 and "[UNK]" not in err
-    assert "表中的层和头按所选范围重新编号：层 [1]，头 [1]" in out
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_default_texts_are_all_known_to_the_model(capsys, tmp_path, lang):
+    tokens = load_minilm().tokenizer.encode(DEFAULT_TEXTS[lang]).tokens
+    assert "[UNK]" not in tokens
+    code = main(["inspect", "--lang", lang, "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0 and "[UNK]" not in err
+    assert out.splitlines()[0] in ("heads putting the most weight from 'it' onto 'animal':",
+                                   "从“月”到“月”权重最大的头：")
+
+
+def test_find_lists_the_heads_linking_two_tokens(capsys, tmp_path):
+    """Seed 001's pronoun example: the head is found from the model's own weights."""
+    text = DEFAULT_TEXTS["en"]
+    weights, tokens = load_minilm().attentions(text)  # (6, 12, T, T)
+    it, animal = tokens.index("it"), tokens.index("animal")
+    link = weights[:, :, it, animal]  # (6, 12)
+    code = main(["inspect", text, "--find", "it->animal", "--out", str(tmp_path)])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    found = json.loads((tmp_path / "diagnostics.json").read_text(encoding="utf-8"))["find"]
+    best = np.unravel_index(np.argsort(link, axis=None)[::-1][:5], link.shape)
+    assert [(h["layer"], h["head"]) for h in found["heads"]] == [
+        (int(layer) + 1, int(head) + 1) for layer, head in zip(*best, strict=True)]
+    assert found["heads"][0]["weight"] == pytest.approx(link.max(), abs=1e-6)
+    assert (found["heads"][0]["layer"], found["heads"][0]["head"]) == (4, 2)  # 0.68
+    assert f"      4     2  {link[3, 1]:.3f}" in out

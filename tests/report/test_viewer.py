@@ -17,9 +17,16 @@ import numpy as np
 import pytest
 
 import attnlab
+import attnlab.report.viewer as viewer_module
 from attnlab.errors import AttnlabError, ShapeError
 from attnlab.lens.diagnostics import diagnose
-from attnlab.report.viewer import AttentionView, render_html
+from attnlab.report.viewer import (
+    EXACT_LIMIT,
+    AttentionView,
+    decode_weights,
+    encode_weights,
+    render_html,
+)
 
 TOKENS = ["[CLS]", "小", "明", "去", "了", "学", "校", "[SEP]"]
 INJECTED = "<img src=x onerror=alert(1)>"
@@ -126,11 +133,32 @@ def test_title_is_html_escaped(hostile_page: str) -> None:
 # ----------------------------------------------------------------- the data
 
 
+def unpack(encoded: dict, shape: tuple[int, ...]) -> np.ndarray:
+    """The page's weights read by the documented format, written out independently:
+    zlib(row maxima float32 (L, H, T), then (L, H, T, S) codes of `bits` bits), base64."""
+    import base64
+    import zlib
+
+    L, H, T, S = shape
+    blob = zlib.decompress(base64.b64decode(encoded["data"]))
+    levels = 2 ** encoded["bits"] - 1
+    code_type = {8: "u1", 16: "<u2"}[encoded["bits"]]
+    assert len(blob) == 4 * L * H * T + np.dtype(code_type).itemsize * L * H * T * S
+    row_max = np.frombuffer(blob[: 4 * L * H * T], "<f4").reshape(L, H, T, 1)
+    codes = np.frombuffer(blob[4 * L * H * T:], code_type).reshape(L, H, T, S)
+    return codes / levels * row_max.astype(np.float64)
+
+
 def test_weights_and_diagnostics_are_embedded() -> None:
     weights = random_weights()
     data = embedded_json(render_html(weights, TOKENS))
     assert data["shape"] == [2, 3, 8, 8]
-    np.testing.assert_allclose(data["weights"], weights, atol=5e-5)  # 4 decimals
+    assert data["weights"]["bits"] == 16
+    # 16-bit codes of weight / row max: within row max / 131070 < 7.7e-6 (the page shows 4
+    # decimals, so they are right).
+    np.testing.assert_allclose(unpack(data["weights"], (2, 3, 8, 8)), weights, atol=7.7e-6)
+    np.testing.assert_allclose(decode_weights(data["weights"], (2, 3, 8, 8)),
+                               unpack(data["weights"], (2, 3, 8, 8)), rtol=0, atol=0)
     expected = diagnose(weights, TOKENS).to_dict()
     assert data["diagnostics"]["heads"] == expected["heads"]
     assert data["diagnostics"]["layers"] == expected["layers"]
@@ -219,7 +247,55 @@ def test_view_from_trace() -> None:
     view = AttentionView.from_trace(trace, lang="zh")
     data = embedded_json(view.html)
     assert data["shape"] == [1, 2, 3, 3] and data["tokens"] == ["小明", "去了", "学校"]
-    np.testing.assert_allclose(data["weights"][0], trace.weights(), atol=5e-5)
+    np.testing.assert_allclose(unpack(data["weights"], (1, 2, 3, 3))[0], trace.weights(),
+                               atol=7.7e-6)  # 16-bit codes, as above
+
+
+def test_large_pages_use_8_bit_codes_within_their_bound(monkeypatch) -> None:
+    rng = np.random.default_rng(3)
+    weights = rng.dirichlet(np.full(300, 0.05), size=(1, 2, 300))  # (1, 2, 300, 300)
+    monkeypatch.setattr(viewer_module, "EXACT_LIMIT", weights.size)
+    assert encode_weights(weights)["bits"] == 16
+    monkeypatch.setattr(viewer_module, "EXACT_LIMIT", weights.size - 1)
+    encoded = encode_weights(weights)
+    assert encoded["bits"] == 8
+    row_max = weights.max(axis=-1, keepdims=True)
+    error = np.abs(unpack(encoded, weights.shape) - weights)
+    assert (error <= row_max / 510 + 1e-7).all()  # rounding to 255 levels of the row max
+    # Rows whose weights are all tiny (a near-uniform head at T = 700) keep their shape:
+    # codes are relative to the row's own max, not to 1.
+    uniform = np.full((1, 1, 4, 700), 1 / 700)
+    np.testing.assert_allclose(unpack(encode_weights(uniform), uniform.shape), uniform,
+                               rtol=1e-6)
+    assert EXACT_LIMIT >= 6 * 12 * 128 * 128 * 2  # pages up to T = 128 (and beyond) are exact
+
+
+def test_rollout_importance_and_original_numbers_are_embedded() -> None:
+    weights = random_weights()
+    rollout = weights[1].mean(axis=0)
+    importance = np.arange(6.0).reshape(2, 3)
+    data = embedded_json(render_html(weights, TOKENS, layers=[1, 4], heads=[0, 5, 11],
+                                     rollout=rollout, importance=importance))
+    assert data["layer_numbers"] == [2, 5] and data["head_numbers"] == [1, 6, 12]
+    np.testing.assert_allclose(unpack(data["rollout"], (1, 1, 8, 8))[0, 0], rollout,
+                               atol=7.7e-6)
+    assert data["importance"] == importance.tolist()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        ({"layers": [0]}, AttnlabError, r"layers: expected 2 0-based numbers"),
+        ({"heads": [0, 1, -1]}, AttnlabError, r"heads: expected 3 0-based numbers"),
+        ({"rollout": np.ones((8, 7)) / 7}, ShapeError, r"rollout: expected \(T, S\)"),
+        ({"rollout": np.full((8, 8), 2.0)}, AttnlabError, r"rollout: expected finite values"),
+        ({"importance": np.ones((3, 2))}, ShapeError, r"importance: expected \(L, H\)"),
+        ({"importance": np.full((2, 3), np.nan)}, AttnlabError, "importance: expected finite"),
+    ],
+)
+def test_bad_extras_are_named(kwargs: dict, error: type, pattern: str) -> None:
+    with pytest.raises(error, match=pattern):
+        render_html(random_weights(), TOKENS, **kwargs)
 
 
 def test_page_assets_are_package_data_files() -> None:

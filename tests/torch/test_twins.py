@@ -48,10 +48,12 @@ class Twin:
 
 
 TWINS = [
+    # NumPy draws dropout from an explicit rng; torch from its own generator.
     Twin("scaled_dot_product_attention", attnlab.scaled_dot_product_attention,
-         at.scaled_dot_product_attention, torch_only={"dropout_p"}),
+         at.scaled_dot_product_attention, numpy_only={"rng"}),
     Twin("softmax", attnlab.softmax, at.softmax, renamed={"axis": "dim"}),
     Twin("causal_mask", masks.causal_mask, at.causal_mask, torch_only={"device"}),
+    Twin("window_mask", masks.window_mask, at.window_mask, torch_only={"device"}),
     Twin("sliding_window_mask", sparse.sliding_window_mask, at.sliding_window_mask,
          torch_only={"device"}),
     Twin("MultiHeadAttention", attnlab.MultiHeadAttention.init, at.MultiHeadAttention,

@@ -1,24 +1,37 @@
 """``attnlab inspect``: a real pretrained model's attention, drawn, diagnosed and browsable.
 
-    attnlab inspect                                  # "小明去了学校" through all-MiniLM-L6-v2
+    attnlab inspect                     # seed 001's "it" -> "animal" on all-MiniLM-L6-v2
+    attnlab inspect --lang zh           # 天上有月，水中也有月。
     attnlab inspect "The cat sat on the mat." --layer 3 --head 5 7 --out cat/
+    attnlab inspect "..." --find "cat->mat" --max-length 512
 
 Writes into --out: grid.png (layers × heads heatmaps), head.png (one head at
-full size), view.html (the offline interactive viewer) and diagnostics.json,
-and prints the diagnostics table. Layers and heads are numbered from 1 here,
-as in the printed tables.
+full size: the strongest --find head, else the head looking hardest at one other
+token), view.html (the offline interactive viewer) and diagnostics.json, and
+prints notes about the text first, then the --find table, then the diagnostics.
+Layers and heads keep the model's own numbers, counted from 1, everywhere: the
+flags, the tables, the viewer and diagnostics.json (which says
+``"numbered_from": 1``), whatever --layer / --head select.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
 
 from .args import CliError, prepare_out_dir, text_argument
 
-DEFAULT_TEXT = "小明去了学校"
+#: Default texts whose every character the model's vocabulary knows (no [UNK]), each
+#: with a link worth finding: seed 001's pronoun "it" -> "animal", and the second 月
+#: ("moon") -> the first one.
+DEFAULT_TEXTS = {
+    "en": "The animal didn't cross the street because it was too tired.",
+    "zh": "天上有月，水中也有月。",
+}
+DEFAULT_FIND = {"en": "it->animal", "zh": "月->月"}
 
 
 def add_parser(sub: Any) -> None:
@@ -30,8 +43,9 @@ def add_parser(sub: Any) -> None:
         "diagnostics (entropy, sparsity, [CLS]/[SEP] sinks, positional heads, head "
         "diversity).",
     )
-    p.add_argument("text", nargs="?", default=DEFAULT_TEXT,
-                   help=f'the text to run (default "{DEFAULT_TEXT}")')
+    p.add_argument("text", nargs="?", default=None,
+                   help=f'the text to run (default "{DEFAULT_TEXTS["en"]}", or with --lang zh '
+                   f'"{DEFAULT_TEXTS["zh"]}")')
     p.add_argument("--layer", type=int, nargs="+", metavar="L",
                    help="only these layers (numbered from 1)")
     p.add_argument("--head", type=int, nargs="+", metavar="H",
@@ -41,6 +55,12 @@ def add_parser(sub: Any) -> None:
                    "instead of the packaged MiniLM")
     p.add_argument("--out", metavar="DIR", default="attnlab-inspect",
                    help="where to write the files (default attnlab-inspect/)")
+    p.add_argument("--find", metavar="A->B",
+                   help='list the heads putting the most weight from token A onto token B, '
+                   'e.g. "it->animal" (default for the default text)')
+    p.add_argument("--max-length", type=int, metavar="N", dest="max_length",
+                   help="run at most N tokens (up to the model's positions: 512 for MiniLM; "
+                   "default: the model's configured length, 256 for MiniLM)")
     p.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the output")
     p.add_argument("--format", choices=["table", "json"], default="table", dest="fmt",
                    help="what to print: the diagnostics table or JSON (default table)")
@@ -58,8 +78,10 @@ def _select(chosen: list[int] | None, count: int, flag: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ..errors import AttnlabError
     from ..lens.diagnostics import diagnose
-    from ..models import load_bert, load_minilm
+    from ..lens.find import find_heads, informative_head, parse_link
+    from ..models.loading import load_bert, minilm_path
     from ..report import (
         AttentionView,
         diagnostics_table,
@@ -68,57 +90,131 @@ def run(args: argparse.Namespace) -> int:
         save_figure,
     )
 
-    args.text = text_argument(args.text, "text")
-    if not args.text.strip():
+    zh = args.lang == "zh"
+    default_text = args.text is None
+    text = DEFAULT_TEXTS[args.lang] if default_text else text_argument(args.text, "text")
+    if not text.strip():
         raise CliError("text: expected some text, got an empty string")
+    link = args.find if args.find is not None else (DEFAULT_FIND[args.lang] if default_text
+                                                     else None)
+    if link is not None:
+        try:
+            source, target = parse_link(text_argument(link, "--find"))
+        except AttnlabError as exc:
+            raise CliError(f"--find: {str(exc).removeprefix('link: ')}") from None
+    if args.max_length is not None and args.max_length < 1:
+        raise CliError(f"--max-length: expected a number of tokens >= 1, got {args.max_length}")
     out = prepare_out_dir(args.out)
-    model = load_bert(args.model) if args.model else load_minilm()
+    try:
+        model = (load_bert(args.model, max_length=args.max_length) if args.model else
+                 load_bert(minilm_path(), max_length=args.max_length, name="all-MiniLM-L6-v2"))
+    except AttnlabError as exc:
+        message = str(exc)
+        if message.startswith("max_length:"):
+            raise CliError("--max-length:" + message.removeprefix("max_length:")) from None
+        raise
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads
     layers = _select(args.layer, L, "--layer")
     heads = _select(args.head, H, "--head")
-    trace = model.run(args.text, keep=("weights",), layers=layers, heads=heads)
+    trace = model.run(text, keep=("weights",), layers=layers, heads=heads)
     weights = trace.attention()  # (len(layers), len(heads), T, T)
     tokens = trace.tokens
-    diagnostics = diagnose(weights, tokens)
 
-    zh = args.lang == "zh"
-    names = [f"第 {layer + 1} 层 · 第 {head + 1} 个头" if zh
-             else f"Layer {layer + 1} · Head {head + 1}"
-             for layer in layers for head in heads]
-    where = f"{model.name}: {args.text}"
-    grid = plot_head_grid(weights, tokens, tokens, titles=names, title=where, lang=args.lang)
-    written = [save_figure(grid, out / "grid.png")]
-    single = plot_attention(weights[0, 0], tokens, tokens, title=f"{names[0]} — {where}",
-                            lang=args.lang)
-    written.append(save_figure(single, out / "head.png"))
-    view = AttentionView(weights, tokens, diagnostics=diagnostics, lang=args.lang,
-                         title=f"{where} ({len(layers)} × {len(heads)})")
-    written.append(view.save(out / "view.html"))
-    (out / "diagnostics.json").write_text(diagnostics.to_json() + "\n", encoding="utf-8")
-    written.append(out / "diagnostics.json")
-
-    if args.fmt == "json":
-        print(diagnostics.to_json())
-    else:
-        if len(layers) < L or len(heads) < H:
-            chosen_layers, chosen_heads = [i + 1 for i in layers], [h + 1 for h in heads]
-            print(f"（表中的层和头按所选范围重新编号：层 {chosen_layers}，头 {chosen_heads}）" if zh
-                  else f"(rows numbered within the selection: layers {chosen_layers}, "
-                  f"heads {chosen_heads})")
-        print(diagnostics_table(diagnostics, args.lang))
-    label = "已写入" if zh else "wrote"
-    for path in written:
-        print(f"{label} {path}", file=sys.stderr)
-    if _truncated(model, args.text):
-        print(f"note: the text is longer than the model's {len(tokens)} tokens; only its "
-              "start was run", file=sys.stderr)
-    unknown = _unknown_characters(model, args.text)
+    # Notes about the text come first: they change how everything below reads.
+    unknown = _unknown_characters(model, text)
     if unknown:
         shown = " ".join(unknown[:10]) + (" …" if len(unknown) > 10 else "")
         print(f"注意：{model.name} 的词表里没有 {shown}，它们被切成 [UNK]（模型看不到它们）" if zh
               else f"note: {model.name}'s vocabulary has no {shown}; they became [UNK] "
               "(the model cannot see them)", file=sys.stderr)
+    if _truncated(model, text):
+        limit = model.config.max_position_embeddings
+        print(f"注意：文本超过 {len(tokens)} 个词元，只运行了开头部分（--max-length 最多可到 "
+              f"{limit}）" if zh else f"note: the text is longer than {len(tokens)} tokens; "
+              f"only its start was run (--max-length goes up to {limit})", file=sys.stderr)
+
+    found = None
+    if link is not None:
+        try:
+            found = find_heads(weights, tokens, source, target, top=5)
+        except AttnlabError as exc:
+            raise CliError(f"--find: {exc}") from None
+        chosen = (found[0].layer, found[0].head)
+    else:
+        chosen = informative_head(weights, tokens)
+    diagnostics = diagnose(weights, tokens)  # numbered within the selection (the viewer's)
+
+    def name(layer: int, head: int) -> str:  # the model's own numbers, from 1
+        return (f"第 {layers[layer] + 1} 层 · 第 {heads[head] + 1} 个头" if zh
+                else f"Layer {layers[layer] + 1} · Head {heads[head] + 1}")
+
+    names = [name(layer, head) for layer in range(len(layers)) for head in range(len(heads))]
+    where = f"{model.name}: {text}"
+    grid = plot_head_grid(weights, tokens, tokens, titles=names, title=where, lang=args.lang)
+    written = [save_figure(grid, out / "grid.png")]
+    single = plot_attention(weights[chosen], tokens, tokens,
+                            title=f"{name(*chosen)} — {where}", lang=args.lang)
+    written.append(save_figure(single, out / "head.png"))
+    view = AttentionView(weights, tokens, diagnostics=diagnostics, lang=args.lang,
+                         title=f"{where} ({len(layers)} × {len(heads)})",
+                         layers=layers, heads=heads)
+    written.append(view.save(out / "view.html"))
+    numbered = _numbered_from_one(diagnostics.to_dict(), layers, heads)
+    if found is not None:
+        numbered["find"] = {"source": source, "target": target, "heads": [
+            {"layer": layers[f.layer] + 1, "head": heads[f.head] + 1, "query": f.query,
+             "key": f.key, "weight": round(f.weight, 6)} for f in found]}
+    report = json.dumps(numbered, ensure_ascii=False, indent=2, allow_nan=False)
+    (out / "diagnostics.json").write_text(report + "\n", encoding="utf-8")
+    written.append(out / "diagnostics.json")
+
+    if args.fmt == "json":
+        print(report)
+    else:
+        if found is not None:
+            print(f"从“{source}”到“{target}”权重最大的头：" if zh
+                  else f"heads putting the most weight from {source!r} onto {target!r}:")
+            print("  层  头  权重" if zh else "  layer  head  weight")
+            for f in found:
+                print(f"  {layers[f.layer] + 1:>2}  {heads[f.head] + 1:>2}  {f.weight:.3f}" if zh
+                      else f"  {layers[f.layer] + 1:>5}  {heads[f.head] + 1:>4}  {f.weight:.3f}")
+            print()
+        print(diagnostics_table(_renumbered(diagnostics, layers, heads), args.lang))
+    label = "已写入" if zh else "wrote"
+    for path in written:
+        print(f"{label} {path}", file=sys.stderr)
     return 0
+
+
+def _renumbered(diagnostics: Any, layers: list[int], heads: list[int]) -> Any:
+    """The same diagnostics with the model's own (0-based) layer and head numbers."""
+    import dataclasses
+
+    records = [dataclasses.replace(h, layer=layers[h.layer], head=heads[h.head])
+               for h in diagnostics.heads]
+    summaries = [dataclasses.replace(
+        layer, layer=layers[layer.layer],
+        closest_pair=None if layer.closest_pair is None else (
+            heads[layer.closest_pair[0]], heads[layer.closest_pair[1]], layer.closest_pair[2]),
+        near_duplicates=[(heads[a], heads[b], d) for a, b, d in layer.near_duplicates])
+        for layer in diagnostics.layers]
+    return dataclasses.replace(diagnostics, heads=records, layers=summaries)
+
+
+def _numbered_from_one(report: dict[str, Any], layers: list[int],
+                       heads: list[int]) -> dict[str, Any]:
+    """diagnostics.to_dict() with every layer and head as the model numbers it, from 1."""
+    for record in report["heads"]:
+        record["layer"], record["head"] = layers[record["layer"]] + 1, heads[record["head"]] + 1
+    for layer in report["layers"]:
+        layer["layer"] = layers[layer["layer"]] + 1
+        if layer["closest_pair"] is not None:
+            a, b, d = layer["closest_pair"]
+            layer["closest_pair"] = [heads[a] + 1, heads[b] + 1, d]
+        layer["near_duplicates"] = [[heads[a] + 1, heads[b] + 1, d]
+                                    for a, b, d in layer["near_duplicates"]]
+        layer["heads"] = [h + 1 for h in heads]  # the rows and columns of js_distance
+    return {"numbered_from": 1, **report}
 
 
 def _unknown_characters(model: Any, text: str) -> list[str]:

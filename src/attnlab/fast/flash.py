@@ -51,7 +51,7 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
-from ..kernel import check_inputs
+from ..kernel import AttentionInputs, check_inputs, gqa_reduce
 from . import flash_tiles
 from .flash_parts import (
     as_forward,
@@ -104,14 +104,16 @@ def flash_attention(
     q: Any, k: Any, v: Any, mask: Any = ..., *, bias: Any = ..., is_causal: bool = ...,
     scale: float | None = ..., block_q: int = ..., block_k: int = ...,
     return_lse: Literal[False] = ..., stats: FlashStats | None = ...,
-    num_threads: int | None = ...,
+    num_threads: int | None = ..., window: Any = ..., causal_alignment: str = ...,
+    softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
 ) -> np.ndarray: ...
 @overload
 def flash_attention(
     q: Any, k: Any, v: Any, mask: Any = ..., *, bias: Any = ..., is_causal: bool = ...,
     scale: float | None = ..., block_q: int = ..., block_k: int = ...,
     return_lse: Literal[True], stats: FlashStats | None = ...,
-    num_threads: int | None = ...,
+    num_threads: int | None = ..., window: Any = ..., causal_alignment: str = ...,
+    softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 def flash_attention(
     q: Any,
@@ -127,6 +129,11 @@ def flash_attention(
     return_lse: bool = False,
     stats: FlashStats | None = None,
     num_threads: int | None = None,
+    window: Any = None,
+    causal_alignment: str = "bottom_right",
+    softcap: float | None = None,
+    enable_gqa: bool = False,
+    alibi_slopes: Any = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Scaled dot-product attention computed tile by tile, never holding the (T, S) matrix.
 
@@ -139,8 +146,11 @@ def flash_attention(
         ->   out (..., T, Dv), and lse (..., T) if ``return_lse``
 
     Accepts exactly the inputs of :func:`attnlab.scaled_dot_product_attention`
-    (same broadcasting, bottom-right ``is_causal``, dtype rules, errors) and
-    returns the same numbers up to rounding. Efficient implementation equivalent
+    (same broadcasting, ``is_causal`` and ``causal_alignment``, ``window=(left,
+    right)``, ``softcap``, ``enable_gqa``, ``alibi_slopes``, dtype rules, errors;
+    not dropout) and returns the same numbers up to rounding. Tiles wholly
+    outside the causal band or the window are skipped; ALiBi's bias is made per
+    tile, never (T, S). Efficient implementation equivalent
     to the following::
 
         scaled  = q @ kᵀ * scale + bias, -inf where not allowed    (..., T, S)
@@ -186,10 +196,10 @@ def flash_attention(
     >>> out.shape, bool(np.allclose(out, scaled_dot_product_attention(q, k, v, is_causal=True)))
     ((2, 3, 100, 5), True)
     """
-    inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale, tiled=True)
-    q_arr, k_arr, v_arr, allowed, bias_arr = (
-        inputs.q, inputs.k, inputs.v, inputs.allowed, inputs.bias
-    )
+    inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale, tiled=True,
+                          window=window, causal_alignment=causal_alignment, softcap=softcap,
+                          enable_gqa=enable_gqa, alibi_slopes=alibi_slopes)
+    q_arr, k_arr, v_arr = inputs.q, inputs.k, inputs.v
     scale_value, out_dtype = inputs.scale, inputs.out_dtype
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
@@ -198,11 +208,11 @@ def flash_attention(
     dtype = q_arr.dtype
     T, D, S, Dv = *q_arr.shape[-2:], k_arr.shape[-2], v_arr.shape[-1]
     batch = inputs.batch
-    tiles = Tiles(T, S, allowed, bias_arr, inputs.is_causal)
+    tiles = _tiles(inputs)
     # Broadcast batch dims can make the output far larger than any input.
     check_alloc((*batch, T, Dv), dtype, "the output (..., T, Dv)", "q, k, v")
 
-    units = score_units(q_arr, k_arr, scale_value, bias_arr)
+    units = score_units(q_arr, k_arr, scale_value, _natural_units(inputs))
     scale_typed = dtype.type(scale_value * units.per_nat)  # folded into q: scores in units
     q_full = np.broadcast_to(q_arr, (*batch, T, D))  # (..., T, D) views: parts index them
     k_t = np.broadcast_to(np.swapaxes(k_arr, -1, -2), (*batch, D, S))  # (..., D, S)
@@ -263,6 +273,11 @@ def flash_attention_backward(
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
     stats: FlashStats | None = None,
+    window: Any = None,
+    causal_alignment: str = "bottom_right",
+    softcap: float | None = None,
+    enable_gqa: bool = False,
+    alibi_slopes: Any = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients of :func:`flash_attention`, recomputing each tile's weights from ``lse``.
 
@@ -284,7 +299,9 @@ def flash_attention_backward(
         δ     = Σ_S P ⊙ dP                                              (..., T)
         dv    = Pᵀ dout                                                 (..., S, Dv)
         dz    = P ⊙ (dP − δ)                                            (..., T, S)
+        dz    = dz ⊙ (1 − tanh²(s / softcap))     with a soft cap (s: the scaled scores)
         dq    = dz k · scale,   dk = dzᵀ q · scale
+        dk, dv summed over each key/value head's H / Hkv query heads with ``enable_gqa``
 
     (δ = Σ_S P ⊙ dP, the softmax-backward row sum, is computed from the
     recomputed weights in a first pass over the tiles, as the plain backward
@@ -294,17 +311,17 @@ def flash_attention_backward(
     ``finfo.min``) has an lse whose fractional part even float64 cannot hold;
     its exact reference is recomputed from the scores.
     """
-    inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale, tiled=True)
-    q_arr, k_arr, v_arr, allowed, bias_arr = (
-        inputs.q, inputs.k, inputs.v, inputs.allowed, inputs.bias
-    )
+    inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale, tiled=True,
+                          window=window, causal_alignment=causal_alignment, softcap=softcap,
+                          enable_gqa=enable_gqa, alibi_slopes=alibi_slopes)
+    q_arr, k_arr, v_arr = inputs.q, inputs.k, inputs.v
     scale_value, out_dtype = inputs.scale, inputs.out_dtype
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
     dtype = q_arr.dtype
     T, D, S, Dv = *q_arr.shape[-2:], k_arr.shape[-2], v_arr.shape[-1]
     batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
-    tiles = Tiles(T, S, allowed, bias_arr, inputs.is_causal)
+    tiles = _tiles(inputs)
     for name, shape in (("dq", (*batch, T, D)), ("dk", (*batch, S, D)), ("dv", (*batch, S, Dv))):
         check_alloc(shape, dtype, f"the gradient {name}", "q, k, v")
     as_forward(out, "out", (*batch, T, Dv), "(..., T, Dv)", dtype)
@@ -314,7 +331,7 @@ def flash_attention_backward(
     # The weights are rebuilt in the forward's units (the same choice from the same
     # inputs), from scores rounded exactly as the forward's were: a query that sees
     # one key then gets P = 1 up to the rounding of exp and log alone.
-    units = score_units(q_arr, k_arr, scale_value, bias_arr)
+    units = score_units(q_arr, k_arr, scale_value, _natural_units(inputs))
     scale_typed = dtype.type(scale_value)  # for dq and dk
     scores_scale = dtype.type(scale_value * units.per_nat)  # folded into q, as in the forward
     q_full = np.broadcast_to(q_arr, (*batch, T, D))  # (..., T, D) a view
@@ -324,15 +341,21 @@ def flash_attention_backward(
     exact_references(lse_high, lse_low, q_full, k_t, scores_scale, tiles, block_q, block_k,
                       units)
 
-    def tile_weights(q0: int, q1: int, k0: int, k1: int, blocked: np.ndarray | None) -> np.ndarray:
+    def capped_weights(
+        q0: int, q1: int, k0: int, k1: int, blocked: np.ndarray | None, slope: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         weights = np.matmul(q_full[..., q0:q1, :] * scores_scale, k_t[..., k0:k1])  # (..., bq, bk)
+        cap_slope = tiles.cap(weights, slope=slope)  # (..., bq, bk) 1 - tanh², or None
         tiles.add_bias(weights, q0, q1, k0, k1)
         if blocked is not None:
             np.copyto(weights, -np.inf, where=blocked)
         with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should be
             weights -= lse_high[..., q0:q1, :]
         weights -= lse_low[..., q0:q1, :]
-        return units.exp(weights, out=weights)  # (..., bq, bk) P, recomputed
+        return units.exp(weights, out=weights), cap_slope  # (..., bq, bk) P, recomputed
+
+    def tile_weights(q0: int, q1: int, k0: int, k1: int, blocked: np.ndarray | None) -> np.ndarray:
+        return capped_weights(q0, q1, k0, k1, blocked)[0]
 
     # δ = Σ_S P ⊙ dP / Σ_S P, in a first pass over the tiles: see softmax_deltas.
     delta = softmax_deltas(tile_weights, dout_arr, v_t, tiles, batch, T, S, block_q, block_k,
@@ -350,21 +373,38 @@ def flash_attention_backward(
             blocked = tiles.blocked(q0, q1, k0, k1, stats)
             if blocked is SKIP:
                 continue
-            weights = tile_weights(q0, q1, k0, k1, blocked)  # (..., bq, bk) P
+            weights, cap_slope = capped_weights(q0, q1, k0, k1, blocked, True)  # P
             dout_blk = dout_arr[..., q0:q1, :]  # (..., bq, Dv)
             dv_blk += np.matmul(np.swapaxes(weights, -1, -2), dout_blk)  # (..., bk, Dv)
             dscores = np.matmul(dout_blk, v_t[..., k0:k1])  # (..., bq, bk) dP
             dscores -= delta[..., q0:q1, :]
             dscores *= weights  # (..., bq, bk) dz
+            if cap_slope is not None:
+                dscores *= cap_slope  # (..., bq, bk) through c·tanh(s / c)
             dq[..., q0:q1, :] += np.matmul(dscores, k_arr[..., k0:k1, :])  # (..., bq, D)
             dk_blk += np.matmul(np.swapaxes(dscores, -1, -2), q_full[..., q0:q1, :])  # (..., bk, D)
     dq *= scale_typed
     dk *= scale_typed
+    groups = inputs.gqa_groups
     return (
         sum_to_shape(dq, q_arr.shape).astype(out_dtype, copy=False),
-        sum_to_shape(dk, k_arr.shape).astype(out_dtype, copy=False),
-        sum_to_shape(dv, v_arr.shape).astype(out_dtype, copy=False),
+        gqa_reduce(sum_to_shape(dk, k_arr.shape), groups).astype(out_dtype, copy=False),
+        gqa_reduce(sum_to_shape(dv, v_arr.shape), groups).astype(out_dtype, copy=False),
     )
+
+
+def _tiles(inputs: AttentionInputs) -> Tiles:
+    """The tiles of checked (``tiled=True``) inputs: their mask, bias, band, cap and ALiBi."""
+    return Tiles(inputs.T, inputs.S, inputs.allowed, inputs.bias, inputs.band, offset=inputs.offset,
+                 softcap=inputs.softcap, alibi_slopes=inputs.alibi_slopes)
+
+
+def _natural_units(inputs: AttentionInputs) -> object | None:
+    """Not None when the scores must stay in natural units (see score_units): a bias, ALiBi
+    or a soft cap."""
+    if inputs.bias is None and inputs.softcap is None and inputs.alibi_slopes is None:
+        return None
+    return True
 
 
 def merge_partials(

@@ -27,7 +27,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ..kernel import abs_max
+from ..kernel import abs_max, alibi_tile
+from ..masks import band_mask
+from ..shapes import Band
 
 #: exp is taken of (score - ref), with ref a per-row reference moved only when the
 #: running max leaves ±WINDOW. Usual scores never move it, which saves a pass
@@ -68,14 +70,15 @@ _BASE_2 = ScoreUnits(np.exp2, np.log2, 1.0 / math.log(2.0))
 
 
 def score_units(
-    q: np.ndarray, k: np.ndarray, scale: float, bias: np.ndarray | None
+    q: np.ndarray, k: np.ndarray, scale: float, bias: object | None
 ) -> ScoreUnits:
     """Base 2 where NumPy's exp2 is fast, unless a bias is given or 1.44x larger scores
     could overflow.
 
-    A bias is given in natural units: scaling it per tile would cost a pass, and
-    a huge fill (-1e9) rounded at base 2's spacing would move the lse away from
-    the plain path's. check_inputs bounds the natural scores only.
+    A bias (or ALiBi, or a soft cap: anything not None) is given in natural
+    units: scaling it per tile would cost a pass, and a huge fill (-1e9) rounded
+    at base 2's spacing would move the lse away from the plain path's.
+    check_inputs bounds the natural scores only.
     """
     if bias is not None or not exp2_is_vectorised(q.dtype):
         return _BASE_E
@@ -175,6 +178,7 @@ def _tile_scores(
     Shapes: q_blk (..., bq, D), k_t (..., D, S) -> out (..., bq, bk).
     """
     scores = np.matmul(q_blk, k_t[..., k0:k1], out=out)  # (..., bq, bk)
+    tiles.cap(scores)
     tiles.add_bias(scores, q0, q1, k0, k1)
     if blocked is not None:
         np.copyto(scores, -np.inf, where=blocked)
@@ -233,19 +237,25 @@ def unit_columns(v: np.ndarray, S: int) -> tuple[np.ndarray, np.ndarray | None]:
 class Tiles:
     """Where each tile's mask and bias come from, without ever building a (T, S) array.
 
-    The causal mask is made per tile from positions; ``mask`` and ``bias`` are
-    sliced per tile along the T and S axes they really have (size-1 axes
-    broadcast and are not sliced).
+    The causal rule and the window (one :class:`attnlab.shapes.Band`) are made
+    per tile from positions, and so is ALiBi's bias -slope·|i' - j|; ``mask``
+    and ``bias`` are sliced per tile along the T and S axes they really have
+    (size-1 axes broadcast and are not sliced). ``softcap`` c turns a tile's
+    scaled scores (natural units) into c·tanh(s / c) before the bias.
     """
 
     def __init__(
         self, T: int, S: int, allowed: np.ndarray | None, bias: np.ndarray | None,
-        is_causal: bool,
+        band: Band | None, *, offset: int | None = None, softcap: float | None = None,
+        alibi_slopes: np.ndarray | None = None,
     ) -> None:
         self.allowed = None if allowed is None else _at_least_2d(allowed)
         self.bias = None if bias is None else _at_least_2d(bias)
-        self.is_causal = is_causal
-        self.offset = S - T  # query i sits at absolute position S - T + i
+        self.band = band
+        self.softcap = softcap
+        self.alibi_slopes = alibi_slopes  # (..., 1, 1) or None
+        # Query i sits at absolute position offset + i (S - T bottom-right, 0 top-left).
+        self.offset = (S - T if band is None else band.offset) if offset is None else offset
 
     def part(self, index: tuple[int, ...], n_batch: int) -> Tiles:
         """The tiles of the batch-heads at ``index``, the first of ``n_batch`` batch dims."""
@@ -254,6 +264,7 @@ class Tiles:
         part = copy.copy(self)
         part.allowed = _batch_part(self.allowed, index, n_batch)
         part.bias = _batch_part(self.bias, index, n_batch)
+        part.alibi_slopes = _batch_part(self.alibi_slopes, index, n_batch)
         return part
 
     def blocked(
@@ -261,21 +272,33 @@ class Tiles:
     ) -> np.ndarray | None:
         """The tile's blocked entries (True = masked out), None if none, or SKIP if all."""
         blocked: np.ndarray | None = None
-        if self.is_causal:
-            if k0 > self.offset + q1 - 1:  # even the tile's last query sees no key in it
+        if self.band is not None:
+            reach = self.band.reaches(self.offset + q0, self.offset + q1 - 1, k0, k1 - 1)
+            if reach == "none":  # wholly outside the causal band or the window
                 return _count(stats, SKIP)
-            if k1 - 1 > self.offset + q0:  # some keys lie after the first query: a diagonal tile
-                query_pos = np.arange(q0, q1)[:, None] + self.offset  # (bq, 1)
-                blocked = np.arange(k0, k1)[None, :] > query_pos  # (bq, bk)
+            if reach == "some":  # a diagonal or window-edge tile
+                blocked = ~band_mask(self.band, q1 - q0, k1 - k0, q0, k0)  # (bq, bk)
         if self.allowed is not None:
             allowed = _tile(self.allowed, q0, q1, k0, k1)  # (..., bq | 1, bk | 1)
             if not allowed.all():
                 if not allowed.any():
                     return _count(stats, SKIP)
                 blocked = ~allowed if blocked is None else (blocked | ~allowed)
-                if blocked.all():  # causal and mask together leave nothing
+                if blocked.all():  # the band and mask together leave nothing
                     return _count(stats, SKIP)
         return _count(stats, blocked)
+
+    def cap(self, scores: np.ndarray, *, slope: bool = False) -> np.ndarray | None:
+        """Soft-cap a tile's scaled scores in place; with ``slope`` returns d cap / d s =
+        1 - tanh² (same shape) for the backward, else (and without a cap) None."""
+        if self.softcap is None:
+            return None
+        cap = scores.dtype.type(self.softcap)
+        scores /= cap
+        np.tanh(scores, out=scores)
+        derivative = 1.0 - np.square(scores) if slope else None  # (..., bq, bk)
+        scores *= cap
+        return derivative
 
     def add_bias(self, scores: np.ndarray, q0: int, q1: int, k0: int, k1: int) -> None:
         if self.bias is not None:
@@ -283,6 +306,8 @@ class Tiles:
             # blocked, exactly as on the plain path (documented there).
             with np.errstate(over="ignore"):
                 scores += _tile(self.bias, q0, q1, k0, k1)  # (..., bq, bk)
+        if self.alibi_slopes is not None:
+            scores += alibi_tile(self.alibi_slopes, self.offset, q0, q1, k0, k1)  # (..., bq, bk)
 
 
 def _count(stats: TileCounter | None, blocked: np.ndarray | None) -> np.ndarray | None:

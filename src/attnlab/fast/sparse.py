@@ -37,6 +37,7 @@ from ..errors import (
     shape_str,
 )
 from ..kernel import attend, check_inputs, check_key_padding
+from ..shapes import check_window_pair
 
 __all__ = [
     "sliding_window_mask",
@@ -64,14 +65,13 @@ def _check_positions(positions: Any, name: str, S: int) -> np.ndarray:
     return np.sort(arr)
 
 
-def _check_window(window: Any, is_causal: bool) -> int:
-    window = check_positive_int(window, "window")
-    if not is_causal and window % 2 == 0:
-        raise AttnlabError(
-            "window: a symmetric window (is_causal=False) holds the query and (W - 1) / 2 keys "
-            f"on each side, so W must be odd; got {window} (use {window - 1} or {window + 1})"
-        )
-    return window
+def _check_window(window: Any, is_causal: bool, far: int) -> tuple[int, int]:
+    """``window`` (an int W or FlashAttention's (left, right)) as key counts before and
+    after the query; unbounded sides become ``far`` = T + S (no key lies further)."""
+    pair = check_window_pair(window, is_causal)
+    assert pair is not None  # window is required here
+    left, right = pair
+    return (far if left is None else left), (far if right is None else right)
 
 
 # ------------------------------------------------------------- the shared inner step
@@ -102,17 +102,17 @@ def _with_padding(allowed: np.ndarray, padding: np.ndarray | None, keys: Any) ->
 
 
 def _window_rule(
-    query_pos: np.ndarray, key_pos: np.ndarray, window: int, is_causal: bool, global_pos: np.ndarray
+    query_pos: np.ndarray, key_pos: np.ndarray, window: tuple[int, int], is_causal: bool,
+    global_pos: np.ndarray,
 ) -> np.ndarray:
     """The sliding-window pattern on a grid of positions: (t,), (n,) -> (t, n) bool.
 
-    The one definition used by both the mask helper and the fast path.
+    ``window`` = (left, right): keys p - left ≤ j ≤ p + right. The one definition
+    used by both the mask helper and the fast path.
     """
     offset = key_pos[None, :] - query_pos[:, None]  # (t, n): key position - query position
-    if is_causal:
-        allowed = (offset <= 0) & (offset > -window)  # the W most recent keys, itself included
-    else:
-        allowed = np.abs(offset) <= (window - 1) // 2  # itself and (W - 1) / 2 each side
+    left, right = window
+    allowed = (offset >= -left) & (offset <= right)  # (t, n)
     if global_pos.size:
         allowed = allowed | np.isin(key_pos, global_pos)[None, :]  # everyone attends to them
         allowed = allowed | np.isin(query_pos, global_pos)[:, None]  # they attend to everyone
@@ -122,7 +122,7 @@ def _window_rule(
 
 
 def sliding_window_mask(
-    T: int, window: int, *, is_causal: bool, S: int | None = None, global_tokens: Any = None
+    T: int, window: Any, *, is_causal: bool, S: int | None = None, global_tokens: Any = None
 ) -> np.ndarray:
     """The boolean mask of :func:`sliding_window_attention`: -> (T, S), True = may attend.
 
@@ -131,6 +131,9 @@ def sliding_window_mask(
     - ``is_causal=True``: the W most recent keys, itself included: p - W < j ≤ p.
     - ``is_causal=False``: W must be odd; the query and (W - 1) / 2 keys on each
       side: |j - p| ≤ (W - 1) / 2.
+    - ``window=(left, right)`` (FlashAttention's ``window_size``, -1 = unbounded):
+      p - left ≤ j ≤ p + right, and j ≤ p too with ``is_causal``; any widths,
+      even or asymmetric.
     - ``global_tokens``: key positions that every query attends to, and whose
       own query rows (if among the T queries) attend to every key; with
       ``is_causal`` both are still cut at j ≤ p.
@@ -155,12 +158,12 @@ def sliding_window_mask(
     sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     is_causal = check_flag(is_causal, "is_causal")
-    window = _check_window(window, is_causal)
+    sides = _check_window(window, is_causal, T + S)
     global_pos = _check_positions([] if global_tokens is None else global_tokens,
                                   "global_tokens", S)
     check_alloc((T, S), np.bool_, "the sliding-window mask (T, S)", sizes)
     query_pos = np.arange(T) + (S - T)  # (T,)
-    return _window_rule(query_pos, np.arange(S), window, is_causal, global_pos)  # (T, S)
+    return _window_rule(query_pos, np.arange(S), sides, is_causal, global_pos)  # (T, S)
 
 
 def _window_chunk(window: int) -> int:
@@ -174,7 +177,7 @@ def sliding_window_attention(
     q: Any,
     k: Any,
     v: Any,
-    window: int,
+    window: Any,
     *,
     is_causal: bool,
     global_tokens: Any = None,
@@ -188,7 +191,8 @@ def sliding_window_attention(
         k           (..., S, D)
         v           (..., S, Dv)
         window      W ≥ 1: keys per query (see :func:`sliding_window_mask`);
-                    odd when ``is_causal=False``
+                    odd when ``is_causal=False``; or (left, right) as
+                    FlashAttention's ``window_size`` (-1 = unbounded)
         is_causal   True: the W most recent keys; False: W centred on the query.
                     Required: the same W means different keys in the two cases.
         global_tokens  key positions attended by all and attending to all (or None)
@@ -218,16 +222,15 @@ def sliding_window_attention(
     )
     T, S, Dv = q_arr.shape[-2], k_arr.shape[-2], v_arr.shape[-1]
     is_causal = check_flag(is_causal, "is_causal")
-    window = _check_window(window, is_causal)
+    sides = _check_window(window, is_causal, T + S)
     global_pos = _check_positions([] if global_tokens is None else global_tokens,
                                   "global_tokens", S)
     padding = check_key_padding(key_padding, batch, S)
 
     out = np.zeros((*batch, T, Dv), dtype=q_arr.dtype)  # (..., T, Dv)
     offset = S - T  # query i sits at position offset + i
-    left = window - 1 if is_causal else (window - 1) // 2  # keys reachable before the query
-    right = 0 if is_causal else (window - 1) // 2  # and after it
-    chunk = _window_chunk(window)
+    left, right = sides  # keys reachable before the query, and after it
+    chunk = _window_chunk(min(left + right + 1, max(S, 1)))
     for start in range(0, T, chunk):
         stop = min(T, start + chunk)
         query_pos = np.arange(start, stop) + offset  # (c,)
@@ -245,7 +248,7 @@ def sliding_window_attention(
             keys = slice(low, high)  # a view, no copy
             key_pos = np.arange(low, high)
             k_sel, v_sel = k_arr[..., keys, :], v_arr[..., keys, :]
-        allowed = _window_rule(query_pos, key_pos, window, is_causal, global_pos)  # (c, n)
+        allowed = _window_rule(query_pos, key_pos, sides, is_causal, global_pos)  # (c, n)
         allowed = _with_padding(allowed, padding, keys)  # (..., c, n)
         out[..., start:stop, :] = attend_subset(
             q_arr[..., start:stop, :], k_sel, v_sel, allowed, scale_value
@@ -254,7 +257,7 @@ def sliding_window_attention(
     # Global queries attend to every key: their rows are redone against all S keys.
     global_rows = global_pos[global_pos >= offset] - offset  # query indices
     if global_rows.size:
-        allowed = _window_rule(global_rows + offset, np.arange(S), window, is_causal, global_pos)
+        allowed = _window_rule(global_rows + offset, np.arange(S), sides, is_causal, global_pos)
         allowed = _with_padding(allowed, padding, slice(None))  # (..., G, S)
         out[..., global_rows, :] = attend_subset(
             q_arr[..., global_rows, :], k_arr, v_arr, allowed, scale_value

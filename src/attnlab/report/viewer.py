@@ -3,15 +3,32 @@
 :func:`render_html` turns weights ``(L, H, T, S)`` (L layers, H heads, T query length,
 S key length) and their tokens into a page that opens from disk in any browser:
 
-- choose the layer and the head (``#layer-select``, ``#head-select``);
+- choose the layer and the head (``#layer-select``, ``#head-select``), or click a
+  thumbnail of the overview (``#overview``: every head at once, with layer and head
+  filters ``#layer-filter``, ``#head-filter``);
 - a BertViz-style head view: queries on the left, keys on the right
   (``.token.query[data-index=i]``, ``.token.key[data-index=j]``); hovering (or
   focusing) a query draws its lines to every key with opacity = weight, and shades the
   keys by weight; hovering a key does the same for the queries that look at it;
-- a heatmap of the chosen head (``table#heatmap``, cells ``td.cell[data-row][data-col]``
-  with the weight in ``data-value``); hovering a token highlights its row
-  (``tr.row-highlight``) or its column (``td.col-highlight``);
+  clicking a query token selects it (several may be selected at once; their lines stay);
+- a heatmap of the chosen head drawn on a canvas (``canvas#heatmap``, one cell per
+  weight, so a 512 × 512 head is as quick as an 8 × 8 one); hovering a token or a cell
+  highlights its row (``.row-highlight[data-row]``) or its column
+  (``.col-highlight[data-col]``) and the cell's value shows in ``#cell-tip``;
+- optional panels: attention rollout (T, S) and head importance (L, H), from
+  :mod:`attnlab.lens`, beside the weights;
 - the :mod:`attnlab.lens.diagnostics` of that head and layer beside it.
+
+Compact data
+------------
+The weights travel as bytes, not as JSON numbers: each row is divided by its largest
+weight and rounded to an unsigned integer code (16 bits while the page holds at most
+:data:`EXACT_LIMIT` weights, 8 bits beyond), the row maxima go first as float32, and the
+whole is compressed with zlib and written in base64; the page decompresses it with the
+browser's own ``DecompressionStream``. A weight is recovered to within row max / (2 ·
+(2**bits - 1)): 7.6e-6 with 16 bits (the 4 decimals the page shows are right), 0.002 with
+8 bits (the page then shows 3 decimals and says so). A page for 6 × 12 heads at T = 512
+is about 10–11 MB (the uncompressed JSON of the same weights would be ~150 MB).
 
 Self-contained and safe by construction
 ---------------------------------------
@@ -46,6 +63,7 @@ import html
 import itertools
 import json
 import os
+import zlib
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -53,7 +71,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import AttnlabError, ShapeError, check_text, make_folder, shape_str
+from ..errors import (
+    AttnlabError,
+    ShapeError,
+    as_float_array,
+    check_text,
+    make_folder,
+    shape_str,
+)
 from ..lens.diagnostics import Diagnostics, diagnose
 from ..lens.weight_checks import check_weights
 from .text import check_lang
@@ -62,9 +87,11 @@ from .words import VIEWER_WORDS, Lang
 if TYPE_CHECKING:
     from ..trace import Trace
 
-__all__ = ["AttentionView", "render_html"]
+__all__ = ["AttentionView", "EXACT_LIMIT", "decode_weights", "encode_weights", "render_html"]
 
-_DECIMALS = 4  # weights are embedded with 4 decimals: the page shows 2, tooltips 4
+#: Up to this many weights (L·H·T·S) a page stores 16-bit codes (exact to the 4 decimals
+#: it shows); above it, 8-bit codes keep a T = 512 page of 6 × 12 heads near 10 MB.
+EXACT_LIMIT = 4_000_000
 _ROW_PX = 22  # height of one token row in the head view (the lines are drawn to match)
 _view_ids = itertools.count(1)
 
@@ -84,6 +111,10 @@ def render_html(
     diagnostics: Diagnostics | None = None,
     title: str | None = None,
     lang: Lang = "en",
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    rollout: Any = None,
+    importance: Any = None,
 ) -> str:
     """One self-contained HTML page showing every head of ``weights``.
 
@@ -96,6 +127,12 @@ def render_html(
             for padding or a causal mask.
         title: page title (default "Attention viewer" / "注意力查看器").
         lang: "en" or "zh" for the interface text.
+        layers, heads: the model's own (0-based) numbers of the L layers and H heads shown,
+            when they are a selection; the page labels them as the model does, counted
+            from 1 ("Layer 5" is ``layers=[4]``). Default: 0..L-1 and 0..H-1.
+        rollout: (T, S) attention rollout (:func:`attnlab.lens.attention_rollout`), drawn
+            beside the weights; rows in [0, 1].
+        importance: (L, H) head importance (any non-negative score), shown as a table.
 
     Returns:
         The page as a string; write it with :meth:`AttentionView.save` or open it in a
@@ -130,12 +167,30 @@ def render_html(
             f"got {shape_str(diagnostics.shape)}"
         )
 
+    layer_numbers = _numbers(layers, "layers", L)
+    head_numbers = _numbers(heads, "heads", H)
+    extras: dict[str, Any] = {}
+    if rollout is not None:
+        flow = as_float_array(rollout, "rollout")
+        if flow.shape != (T, S):
+            raise ShapeError(f"rollout: expected (T, S) = {shape_str((T, S))}, "
+                             f"got {shape_str(flow.shape)}")
+        if not (np.isfinite(flow).all() and flow.min() >= -1e-6 and flow.max() <= 1 + 1e-6):
+            raise AttnlabError("rollout: expected finite values in [0, 1], got "
+                               f"[{flow.min():.4g}, {flow.max():.4g}]")
+        extras["rollout"] = encode_weights(np.clip(flow, 0, 1)[None, None])
+    if importance is not None:
+        extras["importance"] = _importance(importance, L, H)
+
     words = VIEWER_WORDS[lang]
     payload = {
         "shape": [L, H, T, S],
         "tokens": query_labels,
         "key_tokens": key_labels,
-        "weights": np.round(w.astype(np.float64), _DECIMALS).tolist(),
+        "layer_numbers": layer_numbers,
+        "head_numbers": head_numbers,
+        "weights": encode_weights(w),
+        **extras,
         "diagnostics": {**diagnostics.to_dict(), "tokens": None, "key_tokens": None},
         "words": words,
         "row_px": _ROW_PX,
@@ -149,7 +204,8 @@ def render_html(
     page_title = html.escape(title if title is not None else words["title"])
     text = {key: html.escape(str(words[key])) for key in (
         "layer", "head", "head_view", "head_view_hint", "queries", "keys", "heatmap",
-        "heatmap_hint", "diagnostics")}
+        "heatmap_hint", "diagnostics", "overview", "overview_hint", "rollout",
+        "rollout_hint", "importance", "importance_hint", "loading", "needs_js")}
     return _asset("viewer.html").format(
         lang_attr="zh-CN" if lang == "zh" else "en",
         csp=csp,
@@ -181,12 +237,18 @@ class AttentionView:
         diagnostics: Diagnostics | None = None,
         title: str | None = None,
         lang: Lang = "en",
+        layers: Sequence[int] | None = None,
+        heads: Sequence[int] | None = None,
+        rollout: Any = None,
+        importance: Any = None,
     ) -> None:
         # Read the labels once: a generator would be empty the second time.
         tokens = _as_list(tokens, "tokens")
         key_tokens = None if key_tokens is None else _as_list(key_tokens, "key_tokens")
         self.html = render_html(weights, tokens, key_tokens=key_tokens,
-                                diagnostics=diagnostics, title=title, lang=lang)
+                                diagnostics=diagnostics, title=title, lang=lang,
+                                layers=layers, heads=heads, rollout=rollout,
+                                importance=importance)
         self.title = title
         self._rows = max(len(tokens), len(key_tokens or tokens))
 
@@ -227,6 +289,62 @@ class AttentionView:
             f'title="{label}" style="width:100%;height:{height}px;border:0" '
             f'srcdoc="{html.escape(self.html, quote=True)}"></iframe>'
         )
+
+
+def encode_weights(weights: np.ndarray) -> dict[str, Any]:
+    """(L, H, T, S) weights in [0, 1] -> the page's compact form (see the module doc).
+
+    ``{"bits": 8 | 16, "data": base64(zlib(row maxima as float32 (L, H, T), then the codes
+    (L, H, T, S) as little-endian unsigned integers)))}``.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    bits = 16 if w.size <= EXACT_LIMIT else 8
+    levels = (1 << bits) - 1
+    row_max = w.max(axis=-1, initial=0.0).astype(np.float32)  # (L, H, T)
+    divisor = np.where(row_max > 0, row_max, 1.0)[..., None].astype(np.float64)
+    codes = np.rint(np.clip(w / divisor, 0.0, 1.0) * levels)  # (L, H, T, S)
+    blob = row_max.astype("<f4").tobytes() + codes.astype("<u2" if bits == 16 else "u1").tobytes()
+    return {"bits": bits, "data": base64.b64encode(zlib.compress(blob, 6)).decode("ascii")}
+
+
+def decode_weights(encoded: dict[str, Any], shape: Sequence[int]) -> np.ndarray:
+    """The inverse of :func:`encode_weights` (what the page's script computes), float64."""
+    L, H, T, S = shape
+    blob = zlib.decompress(base64.b64decode(encoded["data"]))
+    rows = L * H * T
+    row_max = np.frombuffer(blob, dtype="<f4", count=rows).reshape(L, H, T, 1)
+    dtype = "<u2" if encoded["bits"] == 16 else "u1"
+    codes = np.frombuffer(blob, dtype=dtype, offset=4 * rows).reshape(L, H, T, S)
+    return codes / ((1 << encoded["bits"]) - 1) * row_max.astype(np.float64)
+
+
+def _numbers(given: Sequence[int] | None, name: str, size: int) -> list[int]:
+    """The 1-based labels of the shown layers / heads (``given`` holds 0-based numbers)."""
+    if given is None:
+        return list(range(1, size + 1))
+    if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
+        raise AttnlabError(f"{name}: expected {size} 0-based numbers, got {given!r}")
+    items = list(given)
+    if len(items) != size or not all(
+            isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0
+            for n in items):
+        raise AttnlabError(f"{name}: expected {size} 0-based numbers (one per shown "
+                           f"{name[:-1]}), got {items!r}")
+    return [int(n) + 1 for n in items]
+
+
+def _importance(importance: Any, L: int, H: int) -> list[list[float]]:
+    try:
+        scores = np.asarray(importance, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise AttnlabError(f"importance: expected an (L, H) = ({L}, {H}) array of numbers, "
+                           f"got {type(importance).__name__}") from None
+    if scores.shape != (L, H):
+        raise ShapeError(f"importance: expected (L, H) = {shape_str((L, H))}, "
+                         f"got {shape_str(scores.shape)}")
+    if not np.isfinite(scores).all():
+        raise AttnlabError("importance: expected finite numbers, got NaN or ±inf")
+    return np.round(scores, 6).tolist()
 
 
 def _as_list(tokens: Any, name: str) -> Any:

@@ -149,8 +149,25 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
         "queries": "Query",
         "keys": "Key",
         "heatmap": "Attention weights",
-        "heatmap_hint": "Row = query, column = key; each row sums to 1.",
+        "heatmap_hint": "Row = query, column = key; each row sums to 1. Hover a cell for "
+                        "its value; click query tokens to keep several rows in view.",
         "diagnostics": "Diagnostics",
+        "overview": "All heads",
+        "overview_hint": "Click a head to show it; untick layers or heads to hide them.",
+        "rollout": "Attention rollout",
+        "rollout_hint": "How much each output position draws on each input token through "
+                        "all layers (Abnar & Zuidema 2020: heads averaged, half residual).",
+        "importance": "Head importance",
+        "importance_hint": "How much the output changes when a head is switched off "
+                           "(larger = the model leans on it more). Click a cell to show it.",
+        "loading": "loading…",
+        "needs_js": "This page needs JavaScript to draw the attention view.",
+        "precision_8bit": "(weights stored in 8 bits: within 0.002 of the exact value)",
+        "decode_error": "This browser cannot unpack the weights (it needs DecompressionStream: "
+                        "Chrome 80+, Firefox 113+, Safari 16.4+)",
+        "js_explained": "JS distance (Jensen–Shannon, base 2): how differently two heads "
+                        "spread their weight over the keys, averaged over the query rows; "
+                        "0 = identical, 1 = no key in common.",
         "this_head": "This head",
         "this_layer": "This layer",
         "flags": "Flags",
@@ -189,8 +206,23 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
         "queries": "查询 (Query)",
         "keys": "键 (Key)",
         "heatmap": "注意力权重",
-        "heatmap_hint": "行 = 查询，列 = 键；每行之和为 1。",
+        "heatmap_hint": "行 = 查询，列 = 键；每行之和为 1。鼠标移到格子上可看数值；"
+                        "点击查询词元可同时保留多行。",
         "diagnostics": "诊断",
+        "overview": "全部注意力头",
+        "overview_hint": "点击一个头即可查看；取消勾选可隐藏某些层或头。",
+        "rollout": "注意力展开（rollout）",
+        "rollout_hint": "经过所有层之后，每个输出位置从每个输入词元汲取了多少信息"
+                        "（Abnar 与 Zuidema 2020：各头取平均，残差占一半）。",
+        "importance": "注意力头的重要性",
+        "importance_hint": "关掉一个头后输出改变多少（越大 = 模型越依赖它）。点击格子查看该头。",
+        "loading": "加载中…",
+        "needs_js": "此页面需要 JavaScript 才能绘制注意力视图。",
+        "precision_8bit": "（权重以 8 位存储：与精确值相差不超过 0.002）",
+        "decode_error": "此浏览器无法解压权重数据（需要 DecompressionStream："
+                        "Chrome 80+、Firefox 113+、Safari 16.4+）",
+        "js_explained": "JS 距离（Jensen–Shannon 距离，以 2 为底）：两个头在各个键上分配权重的"
+                        "差异，对各查询行取平均；0 = 完全相同，1 = 没有共同关注的键。",
         "this_head": "当前头",
         "this_layer": "当前层",
         "flags": "提示",

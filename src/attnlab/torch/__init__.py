@@ -50,7 +50,7 @@ from .convert import from_numpy, from_torch_multihead, to_numpy, to_torch_multih
 from .debug import debug_checks, debug_checks_enabled
 from .kv_cache import KVCache, SlidingWindowKVCache
 from .layers import LayerNorm, SelfAttentionLayer
-from .masks import causal_mask, sliding_window_mask
+from .masks import causal_mask, sliding_window_mask, window_mask
 from .multihead import MultiHeadAttention
 from .positional import (
     PositionalEncoding,
@@ -83,4 +83,5 @@ __all__ = [
     "softmax",
     "to_numpy",
     "to_torch_multihead",
+    "window_mask",
 ]

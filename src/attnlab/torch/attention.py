@@ -23,14 +23,14 @@ NaN or +inf, score overflow). The math is :func:`attnlab.torch.kernel.attend`.
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 
 from ..attention import check_axis
-from ..errors import AttnlabError, ShapeError, check_flag
+from ..errors import AttnlabError, ShapeError, check_broadcastable, check_flag
 from . import debug
-from .checks import as_float_tensor, check_probability
+from .checks import as_bool_tensor, as_float_tensor, check_probability, check_same_device
 from .kernel import AttentionInputs, attend, check_inputs, stable_softmax
 
 __all__ = ["scaled_dot_product_attention", "softmax"]
@@ -64,13 +64,28 @@ def scaled_dot_product_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = ..., *,
     bias: torch.Tensor | None = ..., is_causal: bool = ..., dropout_p: float = ...,
     scale: float | None = ..., return_weights: Literal[False] = ...,
+    return_lse: Literal[False] = ..., window: Any = ..., causal_alignment: str = ...,
+    softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
+    dropout_mask: torch.Tensor | None = ...,
 ) -> torch.Tensor: ...
 @overload
 def scaled_dot_product_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = ..., *,
     bias: torch.Tensor | None = ..., is_causal: bool = ..., dropout_p: float = ...,
     scale: float | None = ..., return_weights: Literal[True],
+    return_lse: Literal[False] = ..., window: Any = ..., causal_alignment: str = ...,
+    softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
+    dropout_mask: torch.Tensor | None = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def scaled_dot_product_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = ..., *,
+    bias: torch.Tensor | None = ..., is_causal: bool = ..., dropout_p: float = ...,
+    scale: float | None = ..., return_weights: bool = ...,
+    return_lse: Literal[True], window: Any = ..., causal_alignment: str = ...,
+    softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
+    dropout_mask: torch.Tensor | None = ...,
+) -> tuple[torch.Tensor, ...]: ...
 def scaled_dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -82,38 +97,57 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     return_weights: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    return_lse: bool = False,
+    window: Any = None,
+    causal_alignment: str = "bottom_right",
+    softcap: float | None = None,
+    enable_gqa: bool = False,
+    alibi_slopes: Any = None,
+    dropout_mask: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Scaled dot-product attention; behaves identically to
     :func:`attnlab.scaled_dot_product_attention`.
 
     Shapes:
-        q    (..., T, D)      queries
-        k    (..., S, D)      keys
+        q    (..., T, D)      queries (..., H, T, D) with ``enable_gqa``
+        k    (..., S, D)      keys    (..., Hkv, S, D) with ``enable_gqa``, H % Hkv == 0
         v    (..., S, Dv)     values
         mask bool, broadcastable to (..., T, S); True = may attend
         bias float, broadcastable to (..., T, S); added to the scaled scores (-inf allowed)
-        ->   out (..., T, Dv), and weights (..., T, S) if ``return_weights``
+        alibi_slopes  (H,) or (B, H) tensor or array: adds -slope·|i' - j|
+        dropout_mask  bool, broadcastable to (..., T, S); True = kept (else torch's RNG)
+        ->   out (..., T, Dv), then weights (..., T, S) if ``return_weights``, then
+             lse (..., T) if ``return_lse``
 
     Leading dims of q, k and v broadcast against each other.
 
     Efficient implementation equivalent to the following (the plain path, which
-    runs when ``return_weights`` is set)::
+    runs when ``return_weights``, ``return_lse``, ``softcap`` or ``dropout_mask`` is set)::
 
         scores  = q @ k.transpose(-1, -2)              # (..., T, S)
-        scaled  = scores * scale + bias                # scale = 1/√D by default
-        allowed = mask & causal_mask(T, S)             # bottom-right causal
+        scaled  = scores * scale                       # scale = 1/√D by default
+        scaled  = softcap * tanh(scaled / softcap)     # if softcap
+        scaled  = scaled + bias + alibi                # alibi = -slope·|i' - j|
+        allowed = mask & causal & window               # by position, see below
         weights = softmax(scaled.masked_fill(~allowed, -inf))   # all -inf row -> 0
-        weights = dropout(weights, dropout_p)
+        lse     = logsumexp(scaled where allowed)      # (..., T), -inf for an empty row
+        weights = dropout(weights, dropout_p)          # or weights * dropout_mask / (1 - p)
         out     = weights @ v                          # (..., T, Dv)
 
-    Without ``return_weights`` the call goes to torch's fused
+    Positions: query i sits at i' = S - T + i (``causal_alignment="bottom_right"``,
+    the default) or i' = i (``"top_left"``, torch's own ``is_causal``); key j at
+    j. ``is_causal`` allows j ≤ i'; ``window=(left, right)`` (FlashAttention's
+    ``window_size``, -1 = unbounded) allows i' - left ≤ j ≤ i' + right; an int
+    W keeps attnlab's meaning (see :func:`attnlab.masks.window_mask`).
+
+    Without those the call goes to torch's fused
     ``F.scaled_dot_product_attention`` (see :mod:`attnlab.torch.kernel`).
 
     ``dropout_p`` is applied whenever it is > 0 (as in torch's function; modules
     pass 0 in eval mode). The returned weights are the ones multiplied with v,
-    after dropout.
+    after dropout; the lse is before dropout.
 
-    A row with no key to attend to gets weights 0 and output 0.
+    A row with no key to attend to gets weights 0, output 0 and lse -inf.
 
     Checks: the metadata always (types, dtypes, shapes, devices, flags, scale);
     NaN/Inf in q, k, v, NaN/+inf in bias and score overflow only under
@@ -121,7 +155,8 @@ def scaled_dot_product_attention(
 
     Dtypes: inputs are promoted to a common float dtype; integers compute in
     float64; float16 and bfloat16 go to the fused kernel as they are and are
-    computed in float32 on the plain path, returned in their own dtype.
+    computed in float32 on the plain path, returned in their own dtype (lse in
+    the computation's dtype).
 
     >>> q = k = v = torch.eye(2, dtype=torch.float64)
     >>> scaled_dot_product_attention(q, k, v, is_causal=True).round(decimals=3)
@@ -129,15 +164,38 @@ def scaled_dot_product_attention(
             [0.3300, 0.6700]], dtype=torch.float64)
     """
     return_weights = check_flag(return_weights, "return_weights")
+    return_lse = check_flag(return_lse, "return_lse")
     inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale,
-                          return_weights=return_weights)
+                          return_weights=return_weights or return_lse, window=window,
+                          causal_alignment=causal_alignment, softcap=softcap,
+                          enable_gqa=enable_gqa, alibi_slopes=alibi_slopes)
     p = check_probability(dropout_p, "dropout_p")
+    keep = _check_dropout_mask(dropout_mask, p, inputs)
     if debug.debug_checks_enabled():
         check_values(inputs)
     return attend(
         inputs.q, inputs.k, inputs.v, inputs.allowed, inputs.bias, inputs.scale,
         is_causal=inputs.is_causal, dropout_p=p, return_weights=return_weights,
+        softcap=inputs.softcap, dropout_mask=keep, return_lse=return_lse,
     )
+
+
+def _check_dropout_mask(
+    dropout_mask: Any, p: float, inputs: AttentionInputs
+) -> torch.Tensor | None:
+    """The keep-mask (bool, True = kept, broadcastable to (..., T, S)), or None."""
+    if dropout_mask is None:
+        return None
+    keep = as_bool_tensor(dropout_mask, "dropout_mask")
+    shapes = inputs.shapes
+    check_broadcastable(keep.shape, (*shapes.batch, shapes.T, shapes.S), "dropout_mask",
+                        "(..., T, S)")
+    check_same_device(inputs.q, "q", keep, "dropout_mask")
+    if p == 0.0:
+        raise AttnlabError(
+            "dropout_p: expected the probability the dropout_mask was drawn with (> 0), got 0.0"
+        )
+    return keep
 
 
 def check_values(inputs: AttentionInputs) -> None:

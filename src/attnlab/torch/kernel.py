@@ -37,8 +37,17 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..errors import check_broadcastable, check_flag, check_scale
-from ..shapes import AttentionShapes, check_attention_shapes, check_score_elements
+from ..errors import ShapeError, check_broadcastable, check_flag, check_scale, shape_str
+from ..kernel import check_softcap
+from ..shapes import (
+    AttentionShapes,
+    Band,
+    attention_band,
+    check_attention_shapes,
+    check_causal_alignment,
+    check_score_elements,
+    check_window_pair,
+)
 from .checks import as_bool_tensor, as_float_tensor, check_same_device
 
 __all__ = [
@@ -46,6 +55,7 @@ __all__ = [
     "check_inputs",
     "attend",
     "stable_softmax",
+    "band_allowed",
     "causal_allowed",
     "window_allowed",
     "compute_dtype",
@@ -73,11 +83,14 @@ class AttentionInputs(NamedTuple):
     scale: float
     is_causal: bool
     shapes: AttentionShapes
+    softcap: float | None = None  # c in c·tanh(scores / c); None = no cap
 
 
 def check_inputs(
     q: Any, k: Any, v: Any, mask: Any = None, *, bias: Any = None, is_causal: Any = False,
-    scale: Any = None, return_weights: bool = False,
+    scale: Any = None, return_weights: bool = False, window: Any = None,
+    causal_alignment: Any = "bottom_right", softcap: Any = None, enable_gqa: Any = False,
+    alibi_slopes: Any = None,
 ) -> AttentionInputs:
     """Validate q, k, v, mask, bias and the options from their metadata, before any math.
 
@@ -85,10 +98,18 @@ def check_inputs(
     for values: NaN, Inf and score overflow are checked only under
     :func:`attnlab.torch.debug_checks` (reading values waits for the device).
     Inputs are promoted to one float dtype (integers to float64).
+
+    A window, a top-left causal rule (T ≠ S) and ALiBi's bias are folded into
+    ``allowed`` and ``bias`` here; ``is_causal`` stays only for the bottom-right
+    rule alone (which the fused kernel can take as a flag when T == S). With
+    ``enable_gqa`` k and v come back with each key/value head repeated (autograd
+    sums their gradients back).
     """
     q_t = as_float_tensor(q, "q")
     k_t = as_float_tensor(k, "k")
     v_t = as_float_tensor(v, "v")
+    if check_flag(enable_gqa, "enable_gqa"):
+        k_t, v_t = _repeat_kv_heads(q_t, k_t, v_t)
     shapes = check_attention_shapes(q_t.shape, k_t.shape, v_t.shape)
     check_same_device(q_t, "q", k_t, "k")
     check_same_device(q_t, "q", v_t, "v")
@@ -97,6 +118,11 @@ def check_inputs(
         check_score_elements(score_shape, PLAIN_PATH_HINT)  # the plain path builds it
     scale_value = check_scale(scale, shapes.D)
     is_causal = check_flag(is_causal, "is_causal")
+    cap = check_softcap(softcap)
+    alignment = check_causal_alignment(causal_alignment)
+    T, S = shapes.T, shapes.S
+    band = attention_band(T, S, is_causal=is_causal, window=check_window_pair(window, is_causal),
+                          causal_alignment=alignment)
 
     allowed: torch.Tensor | None = None
     if mask is not None:
@@ -115,7 +141,72 @@ def check_inputs(
         q_t, k_t, v_t = (t.to(dtype) for t in (q_t, k_t, v_t))
     if bias_t is not None and bias_t.dtype != dtype:
         bias_t = bias_t.to(dtype)
-    return AttentionInputs(q_t, k_t, v_t, allowed, bias_t, scale_value, is_causal, shapes)
+    if band is not None and band != Band(None, 0, S - T):  # more than the bottom-right rule
+        in_band = band_allowed(band, T, S, q_t.device)  # (T, S)
+        allowed = in_band if allowed is None else (allowed & in_band)
+        is_causal = False
+    if alibi_slopes is not None:
+        alibi = _alibi_bias(alibi_slopes, shapes.batch, S - T if alignment == "bottom_right"
+                            else 0, T, S, q_t)  # (..., T, S)
+        bias_t = alibi if bias_t is None else bias_t + alibi
+    return AttentionInputs(q_t, k_t, v_t, allowed, bias_t, scale_value, is_causal, shapes, cap)
+
+
+def _repeat_kv_heads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's ``enable_gqa``: k (..., Hkv, S, D), v (..., Hkv, S, Dv) repeated to q's H heads
+    (query head h reads key/value head h // (H / Hkv)); the messages of the NumPy twin."""
+    for name, t, layout in (("q", q, "(..., H, T, D)"), ("k", k, "(..., Hkv, S, D)"),
+                            ("v", v, "(..., Hkv, S, Dv)")):
+        if t.ndim < 3:
+            raise ShapeError(f"{name}: expected {layout} with enable_gqa=True, "
+                             f"got {shape_str(t.shape)}")
+    H, Hkv = q.shape[-3], k.shape[-3]
+    if v.shape[-3] != Hkv:
+        raise ShapeError(
+            f"v: expected (..., {Hkv}, S, Dv) with k's {Hkv} key/value heads (enable_gqa=True), "
+            f"got {shape_str(v.shape)}"
+        )
+    if Hkv == 0 or H % Hkv:
+        raise ShapeError(
+            f"k: expected a number of key/value heads Hkv that divides q's H = {H} heads "
+            f"(enable_gqa=True), got Hkv = {Hkv} in k {shape_str(k.shape)}"
+        )
+    groups = H // Hkv
+    if groups == 1:
+        return k, v
+    return k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+
+
+def _alibi_bias(
+    slopes: Any, batch: tuple[int, ...], offset: int, T: int, S: int, like: torch.Tensor
+) -> torch.Tensor:  # (H,) or (B, H) -> (..., H, T, S)
+    """ALiBi's -slope·|i' - j| for slopes (H,) or (B, H), as the NumPy twin's per-tile bias."""
+    slopes_t = as_float_tensor(slopes, "alibi_slopes")
+    if slopes_t.ndim not in (1, 2):
+        raise ShapeError(
+            f"alibi_slopes: expected (H,) or (B, H), got {shape_str(slopes_t.shape)}"
+        )
+    check_broadcastable(slopes_t.shape, batch, "alibi_slopes", "the batch dims (..., H)")
+    check_same_device(like, "q", slopes_t, "alibi_slopes")
+    slopes_t = slopes_t.to(like.dtype)
+    query_pos = torch.arange(T, device=like.device, dtype=like.dtype)[:, None] + offset
+    distance = (query_pos - torch.arange(S, device=like.device, dtype=like.dtype)[None, :]).abs()
+    return -slopes_t[..., None, None] * distance  # (..., H, T, S)
+
+
+def band_allowed(band: Band, T: int, S: int, device: Any = None) -> torch.Tensor:  # -> (T, S)
+    """The checked band's mask (causal rule and window by position), True = may attend; the
+    twin of :func:`attnlab.masks.band_mask`."""
+    query_pos = torch.arange(T, device=device)[:, None] + band.offset  # (T, 1)
+    key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
+    allowed = torch.ones((T, S), dtype=torch.bool, device=device)
+    if band.right is not None:
+        allowed = allowed & (key_pos <= query_pos + band.right)
+    if band.left is not None:
+        allowed = allowed & (key_pos >= query_pos - band.left)
+    return allowed  # (T, S)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -132,17 +223,21 @@ def causal_allowed(T: int, S: int, device: Any = None) -> torch.Tensor:  # -> (T
 
 
 def window_allowed(
-    query_pos: torch.Tensor, key_pos: torch.Tensor, window: int, is_causal: bool,
-    global_pos: Sequence[int] = (),
+    query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | tuple[int, int],
+    is_causal: bool, global_pos: Sequence[int] = (),
 ) -> torch.Tensor:  # (T,), (S,) -> (T, S)
     """The sliding-window rule on positions, as :func:`attnlab.fast.sparse.sliding_window_mask`.
 
     ``is_causal``: the W most recent keys, itself included (p - W < j <= p); else
-    the query and (W - 1) / 2 keys on each side. ``global_pos``: keys every query
-    sees and queries that see every key (still cut at j <= p when causal).
+    the query and (W - 1) / 2 keys on each side. A checked pair (left, right) of
+    ints: p - left <= j <= p + right. ``global_pos``: keys every query sees and
+    queries that see every key (still cut at j <= p when causal).
     """
     offset = key_pos[None, :] - query_pos[:, None]  # (T, S): key position - query position
-    if is_causal:
+    if isinstance(window, tuple):
+        left, right = window
+        allowed = (offset >= -left) & (offset <= right)  # (T, S)
+    elif is_causal:
         allowed = (offset <= 0) & (offset > -window)  # (T, S)
     else:
         allowed = offset.abs() <= (window - 1) // 2  # (T, S)
@@ -180,14 +275,21 @@ def attend(
     is_causal: bool = False,
     dropout_p: float = 0.0,
     return_weights: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q kᵀ · scale + bias, where allowed) v on checked tensors of one dtype and device.
+    softcap: float | None = None,
+    dropout_mask: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """softmax(cap(q kᵀ · scale) + bias, where allowed) v on checked tensors of one dtype and
+    device.
 
     Shapes: q (..., T, D), k (..., S, D), v (..., S, Dv); ``allowed`` bool and
     ``bias`` float (of q's dtype), broadcastable to (..., T, S) -> out (..., T, Dv),
-    and weights (..., T, S) if ``return_weights``. ``allowed`` does not include
-    the causal rule; ``is_causal`` adds it (bottom-right). ``dropout_p`` > 0 drops
-    weights (callers pass 0 in eval mode).
+    then weights (..., T, S) if ``return_weights``, then lse (..., T) if
+    ``return_lse``. ``allowed`` does not include the causal rule; ``is_causal``
+    adds it (bottom-right). ``softcap`` c: c·tanh(s / c) on the scaled scores,
+    before bias and mask. ``dropout_p`` > 0 drops weights (callers pass 0 in eval
+    mode), with ``dropout_mask`` (bool, True = kept) if given, else torch's RNG.
+    A soft cap, a dropout mask or the lse take the plain path.
     """
     T, S = q.shape[-2], k.shape[-2]
     # torch's own is_causal masks with -inf *before* scaling: a scale <= 0 (or one that
@@ -197,9 +299,12 @@ def attend(
         causal = causal_allowed(T, S, q.device)  # (T, S)
         allowed = causal if allowed is None else (allowed & causal)  # (..., T, S)
         is_causal = False
-    if return_weights or not (q.numel() and k.numel() and v.numel()):
-        # The fused kernel has no rule for empty inputs (S = 0 above all).
-        return _plain(q, k, v, allowed, bias, scale, is_causal, dropout_p, return_weights)
+    if (return_weights or return_lse or softcap is not None or dropout_mask is not None
+            or not (q.numel() and k.numel() and v.numel())):
+        # The fused kernel has no rule for empty inputs (S = 0 above all), no soft cap,
+        # takes no dropout mask and gives no lse.
+        return _plain(q, k, v, allowed, bias, scale, is_causal, dropout_p, return_weights,
+                      softcap, dropout_mask, return_lse)
     return _fused(q, k, v, allowed, bias, scale, is_causal, dropout_p)
 
 
@@ -254,7 +359,10 @@ def _plain(
     is_causal: bool,
     dropout_p: float,
     return_weights: bool,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    softcap: float | None = None,
+    dropout_mask: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """The plain computation, op for op the NumPy core's (float16/bfloat16 in float32)."""
     out_dtype = q.dtype
     work = compute_dtype(out_dtype)
@@ -264,13 +372,30 @@ def _plain(
         allowed = causal_allowed(T, S, q.device)  # (T, S)
     scores = q @ k.transpose(-1, -2)  # (..., T, S)
     scaled = scores * scale  # (..., T, S)
+    if softcap is not None:
+        scaled = torch.tanh(scaled / softcap) * softcap  # (..., T, S)
     if bias is not None:
         scaled = scaled + bias.to(work)  # (..., T, S)
     if allowed is not None:
         scaled = scaled.masked_fill(~allowed, float("-inf"))  # (..., T, S)
     weights = stable_softmax(scaled, dim=-1)  # (..., T, S)
-    if dropout_p > 0.0:
+    if dropout_mask is not None:
+        weights = weights * dropout_mask / (1.0 - dropout_p)  # (..., T, S) the given keep-mask
+    elif dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)  # (..., T, S)
     out = weights @ v  # (..., T, Dv)
     out, weights = out.to(out_dtype), weights.to(out_dtype)
-    return (out, weights) if return_weights else out
+    results: tuple[torch.Tensor, ...] = (out,)
+    if return_weights:
+        results += (weights,)
+    if return_lse:
+        results += (_row_lse(scaled),)  # (..., T)
+    return results if len(results) > 1 else out
+
+
+def _row_lse(scaled: torch.Tensor) -> torch.Tensor:  # (..., T, S) -> (..., T)
+    """log Σ exp of each row, -inf for a row with nothing to attend to (the NumPy twin's
+    rule; torch.logsumexp gives -inf there too, and a zero gradient through it)."""
+    if scaled.shape[-1] == 0:
+        return scaled.new_full(scaled.shape[:-1], float("-inf"))
+    return torch.logsumexp(scaled, dim=-1)

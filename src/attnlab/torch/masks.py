@@ -20,33 +20,78 @@ from typing import Any
 import torch
 
 from ..errors import AttnlabError, check_alloc, check_flag, check_positive_int, shape_str
-from ..shapes import check_positions, check_window
-from .kernel import causal_allowed, window_allowed
+from ..shapes import (
+    Band,
+    attention_band,
+    check_causal_alignment,
+    check_positions,
+    check_window,
+    check_window_pair,
+)
+from .kernel import band_allowed, causal_allowed, window_allowed
 
-__all__ = ["causal_mask", "sliding_window_mask"]
+__all__ = ["causal_mask", "sliding_window_mask", "window_mask"]
 
 
-def causal_mask(T: int, S: int | None = None, *, device: Any = None) -> torch.Tensor:  # -> (T, S)
-    """Bottom-right aligned causal mask, True = may attend; behaves identically to
-    :func:`attnlab.causal_mask`.
+def causal_mask(
+    T: int, S: int | None = None, *, causal_alignment: str = "bottom_right", device: Any = None
+) -> torch.Tensor:  # -> (T, S)
+    """Causal mask, True = may attend; behaves identically to :func:`attnlab.causal_mask`.
 
-    Query i sits at absolute position S - T + i and may attend to keys
-    j ≤ S - T + i. S defaults to T.
+    ``causal_alignment="bottom_right"`` (the default): query i sits at absolute
+    position S - T + i and may attend to keys j ≤ S - T + i. ``"top_left"``
+    (torch's own ``is_causal``): keys j ≤ i. S defaults to T.
 
     >>> causal_mask(2, 4).int()
     tensor([[1, 1, 1, 0],
             [1, 1, 1, 1]], dtype=torch.int32)
+    >>> causal_mask(2, 4, causal_alignment="top_left").int()
+    tensor([[1, 0, 0, 0],
+            [1, 1, 0, 0]], dtype=torch.int32)
     """
     T = check_positive_int(T, "T", allow_zero=True)
     sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
+    alignment = check_causal_alignment(causal_alignment)
     check_alloc((T, S), torch.bool, "the causal mask (T, S)", sizes)
+    if alignment == "top_left":
+        return band_allowed(Band(None, 0, 0), T, S, device)  # (T, S)
     return causal_allowed(T, S, device)  # (T, S)
+
+
+def window_mask(
+    T: int, S: int | None = None, *, window: Any, is_causal: bool = False,
+    causal_alignment: str = "bottom_right", device: Any = None,
+) -> torch.Tensor:  # -> (T, S)
+    """The mask of ``window`` (and ``is_causal``), True = may attend; behaves identically
+    to :func:`attnlab.masks.window_mask`.
+
+    ``window=(left, right)``: keys i' - left ≤ j ≤ i' + right (-1 = unbounded),
+    query i at i' = S - T + i (bottom-right) or i (top-left); an int W keeps
+    attnlab's meaning (causal: the W most recent keys; else W odd, centred).
+
+    >>> window_mask(4, window=(1, 0)).int()
+    tensor([[1, 0, 0, 0],
+            [1, 1, 0, 0],
+            [0, 1, 1, 0],
+            [0, 0, 1, 1]], dtype=torch.int32)
+    """
+    T = check_positive_int(T, "T", allow_zero=True)
+    sizes = "T" if S is None else "T, S"
+    S = T if S is None else check_positive_int(S, "S", allow_zero=True)
+    is_causal = check_flag(is_causal, "is_causal")
+    pair = check_window_pair(window, is_causal)
+    alignment = check_causal_alignment(causal_alignment)
+    check_alloc((T, S), torch.bool, "the window mask (T, S)", sizes)
+    band = attention_band(T, S, is_causal=is_causal, window=pair, causal_alignment=alignment)
+    if band is None:
+        return torch.ones((T, S), dtype=torch.bool, device=device)
+    return band_allowed(band, T, S, device)  # (T, S)
 
 
 def sliding_window_mask(
     T: int,
-    window: int,
+    window: Any,
     *,
     is_causal: bool,
     S: int | None = None,
@@ -80,7 +125,13 @@ def sliding_window_mask(
     sizes = "T" if S is None else "T, S"  # the arguments to blame for a huge mask
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     is_causal = check_flag(is_causal, "is_causal")
-    W = check_window(window, is_causal)
+    W: int | tuple[int, int]
+    if isinstance(window, tuple | list):  # FlashAttention's (left, right), -1 = unbounded
+        pair = check_window_pair(window, is_causal)
+        assert pair is not None
+        W = (T + S if pair[0] is None else pair[0], T + S if pair[1] is None else pair[1])
+    else:
+        W = check_window(window, is_causal)
     global_pos = check_positions(_position_list(global_tokens), "global_tokens", S)
     check_alloc((T, S), torch.bool, "the sliding-window mask (T, S)", sizes)
     query_pos = torch.arange(T, device=device) + (S - T)  # (T,)

@@ -330,12 +330,14 @@ def alibi_bias(
     T: int,
     S: int | None = None,
     *,
+    slopes: Any = None,
     dtype: torch.dtype = torch.float64,
     device: Any = None,
-) -> torch.Tensor:  # -> (H, T, S)
+) -> torch.Tensor:  # -> (H, T, S), or (B, H, T, S) for slopes (B, H)
     """ALiBi bias ``-slope[h] * |pos_i - j|`` with query i at ``pos_i = S - T + i``; behaves
     identically to :func:`attnlab.positional_relative.alibi_bias`. Pass it as ``bias``, and a
-    causal mask as ``mask`` (or ``is_causal=True``) for a causal model.
+    causal mask as ``mask`` (or ``is_causal=True``) for a causal model. ``slopes``: your
+    own, (H,) or (B, H) (a tensor or an array), instead of the paper's.
 
     >>> alibi_bias(8, 2, 5).shape
     torch.Size([8, 2, 5])
@@ -346,6 +348,17 @@ def alibi_bias(
     sizes = "num_heads, T" if S is None else "num_heads, T, S"  # to blame for a huge bias
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     out_dtype = _float_dtype(dtype)
+    if slopes is not None:
+        own = torch.as_tensor(slopes, dtype=torch.float64, device=device)
+        if own.ndim not in (1, 2) or own.shape[-1] != H:
+            raise ShapeError(
+                f"slopes: expected ({H},) or (B, {H}) for num_heads = {H}, "
+                f"got {shape_str(own.shape)}"
+            )
+        check_alloc((*own.shape, T, S), torch.float64, "the bias (..., H, T, S)", sizes)
+        query_positions = (S - T) + torch.arange(T, device=device)  # (T,)
+        distance = (query_positions[:, None] - torch.arange(S, device=device)[None, :]).abs()
+        return (own[..., None, None] * -distance.to(torch.float64)).to(out_dtype)  # (..., H, T, S)
     check_alloc((H, T, S), torch.float64, "the bias (H, T, S)", sizes)
     return alibi_values(H, T, S, dtype=out_dtype, device=device)
 
