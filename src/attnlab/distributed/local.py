@@ -15,9 +15,11 @@ P = exp(s − lse), dP = dout vᵀ, dS = P ⊙ (dP − δ) with δ = rowsum(dout
 
 :class:`LocalKernel` is the seam: anything with these two methods can compute
 the blocks (a fused CUDA or Triton kernel that returns a natural-log lse);
-:class:`TorchLocalKernel` is the plain one, a few torch ops per block, cut into
-blocks of query rows so that no more than ``block_q`` × (T/W) scores per
-batch-head are held at once.
+:class:`TorchLocalKernel` is the plain one: its forward is attnlab.torch's own
+attention (:func:`attnlab.torch.kernel.attend` with ``return_lse=True``, the
+function behind :func:`attnlab.torch.scaled_dot_product_attention`), its backward
+a few torch ops, both cut into blocks of query rows so that no more than
+``block_q`` × (T/W) scores per batch-head are held at once.
 
 Grouped-query attention: q is viewed as (B, Hkv, G, R, D) with G = H / Hkv and
 k, v as (B, Hkv, 1, C, D), so the matmuls broadcast over the group and the K/V
@@ -34,6 +36,8 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+
+from ..torch.kernel import attend
 
 __all__ = ["LocalKernel", "TorchLocalKernel", "accumulate_dtype", "merge_partial", "naive_merge"]
 
@@ -76,7 +80,7 @@ class LocalKernel(Protocol):
 
 
 class TorchLocalKernel:
-    """The plain local kernel: scores, masked softmax statistics and products in torch ops.
+    """The plain local kernel: attnlab.torch's attention forward, a plain torch backward.
 
     Computed in ``accumulate_dtype`` (float16 and bfloat16 inputs in float32);
     ``block_q`` query rows at a time.
@@ -107,19 +111,17 @@ class TorchLocalKernel:
         work = accumulate_dtype(q.dtype)
         q, k, v = q.to(work), k.to(work), v.to(work)
         outs, lses = [], []
+        allowed = None if key_padding is None else key_padding[:, None, None, None, :]
         for r0 in range(0, q.shape[-2], self.block_q):
             r1 = min(r0 + self.block_q, q.shape[-2])
-            c1 = r1 if diagonal else k.shape[-2]  # on the diagonal, later columns are masked
-            pad = None if key_padding is None else key_padding[:, :c1]
-            scores = self._scores(q[..., r0:r1, :], k[..., :c1, :], pad, diagonal,
-                                  scale, r0)  # (B, Hkv, G, r, c1)
-            top = scores.amax(dim=-1, keepdim=True)  # (B, Hkv, G, r, 1)
-            top = torch.where(torch.isneginf(top), 0.0, top)  # a row with no key
-            weights = scores.sub_(top).exp_()  # (B, Hkv, G, r, c1), unnormalised
-            sums = weights.sum(dim=-1, keepdim=True)  # (B, Hkv, G, r, 1)
-            outs.append(torch.matmul(weights, v[..., :c1, :])
-                        / torch.where(sums == 0.0, 1.0, sums))
-            lses.append((torch.log(sums) + top).squeeze(-1))  # (B, Hkv, G, r); -inf: no key
+            # On the diagonal, columns past the chunk's last row are all masked: keys
+            # :r1 only, and attnlab's bottom-right is_causal puts row i at r0 + i.
+            c1 = r1 if diagonal else k.shape[-2]
+            out, lse = attend(q[..., r0:r1, :], k[..., :c1, :], v[..., :c1, :],
+                              None if allowed is None else allowed[..., :c1], None, scale,
+                              is_causal=diagonal, return_lse=True)  # attnlab.torch's plain path
+            outs.append(out)  # (B, Hkv, G, r, Dv)
+            lses.append(lse)  # (B, Hkv, G, r); -inf: no key
         return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
 
     def backward(
