@@ -13,7 +13,7 @@ Columns:
 - bfloat16 partials (each block's output rounded to bfloat16, as fused GPU kernels
   return them; lse float32), merged in float32 by the lse merge;
 - bfloat16 partials, naive merge with the running output kept in bfloat16;
-- for scale: single-process bfloat16 attention (torch SDPA on bfloat16 inputs).
+- for scale: single-process attention (torch SDPA) on float32 and on bfloat16 inputs.
 
     .venv/bin/python benchmarks/ring_drift.py                   # T = 1680, H 4, D 64, causal
     .venv/bin/python benchmarks/ring_drift.py --no-causal --layout contiguous
@@ -99,12 +99,14 @@ def main() -> None:
     v = rng.standard_normal(shape, dtype=np.float32)
     expected = reference(q, k, v, causal)
     tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
-    bf16_single = torch.nn.functional.scaled_dot_product_attention(
-        tq.bfloat16(), tk.bfloat16(), tv.bfloat16(), is_causal=causal).double().numpy()
+    single = {dtype: torch.nn.functional.scaled_dot_product_attention(
+        tq.to(dtype), tk.to(dtype), tv.to(dtype), is_causal=causal).double().numpy()
+        for dtype in (torch.float32, torch.bfloat16)}
     print(f"ring drift · B=1 H={args.heads} T={args.seq} D={args.head_dim} · {args.layout} · "
           f"{'causal' if causal else 'no mask'} · q, k ~ N(0, {args.score_scale:g}²), v ~ N(0, 1)"
           f" · max |out − float64 attention|")
-    print(f"single-process bfloat16 SDPA: {np.abs(bf16_single - expected).max():.2e}")
+    print(f"single-process SDPA: float32 {np.abs(single[torch.float32] - expected).max():.2e}, "
+          f"bfloat16 {np.abs(single[torch.bfloat16] - expected).max():.2e}")
     print(f"{'W':>3}  {'f32 lse-merge':>14} {'f32 naive':>11}  {'bf16 lse-merge':>15} "
           f"{'bf16 naive (bf16 acc)':>22}")
     for W in range(1, args.max_world_size + 1):
