@@ -7,6 +7,7 @@
 ``shard`` / ``unshard``                    a full sequence to one rank's shard and back
 ``positions``, ``padded_length``           which positions a rank holds; the length to pad to
 ``spawn``                                  run a function on W local gloo processes
+``DistributedError``, ``CommStats``        bad or mismatched input; exchange counts
 =========================================  ==================================================
 
 Layouts (:mod:`~attnlab.distributed.layouts`): ``"contiguous"`` (rank r holds
@@ -30,6 +31,8 @@ from .simulate import RingReport, Simulation, StepRecord, simulate
 __all__ = [
     "LAYOUTS",
     "Block",
+    "CommStats",
+    "DistributedError",
     "RingReport",
     "Simulation",
     "StepRecord",
@@ -44,7 +47,8 @@ __all__ = [
     "unshard",
 ]
 
-_TORCH_NAMES = {"ring_attention": "ring", "ulysses_attention": "ulysses", "spawn": "launch"}
+_TORCH_NAMES = {"ring_attention": "ring", "ulysses_attention": "ulysses", "spawn": "launch",
+                "CommStats": "comm", "DistributedError": "comm"}
 
 
 def __getattr__(name: str) -> Any:
