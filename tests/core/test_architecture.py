@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("tasks", ["attnlab.tasks"]),
     ("modules", ["attnlab.nn"]),
     ("models", ["attnlab.models", "attnlab.torch"]),
+    ("distributed", ["attnlab.distributed"]),
     ("lenses", ["attnlab.lens"]),
     ("training", ["attnlab.train"]),
     ("report", ["attnlab.report"]),

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from ..errors import AttnlabError
 from . import approx, bench, draw, explain, inspect, profile, train
 from . import lens as lens_command
+from . import ring as ring_command
 from .args import CliError, Parser
 from .help_zh import localize_error, localize_parser, wants_chinese
 
@@ -33,6 +34,7 @@ COMMANDS = {
     "lens": lens_command,
     "draw": draw,
     "train": train,
+    "ring": ring_command,
 }
 
 
