@@ -49,7 +49,7 @@ class Twin:
 
 TWINS = [
     Twin("scaled_dot_product_attention", attnlab.scaled_dot_product_attention,
-         at.scaled_dot_product_attention, torch_only={"dropout_p"}),
+         at.scaled_dot_product_attention, torch_only={"dropout_p", "backend"}),
     Twin("softmax", attnlab.softmax, at.softmax, renamed={"axis": "dim"}),
     Twin("causal_mask", masks.causal_mask, at.causal_mask, torch_only={"device"}),
     Twin("sliding_window_mask", sparse.sliding_window_mask, at.sliding_window_mask,

@@ -63,13 +63,13 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:  # (...) -> (...)
 def scaled_dot_product_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = ..., *,
     bias: torch.Tensor | None = ..., is_causal: bool = ..., dropout_p: float = ...,
-    scale: float | None = ..., return_weights: Literal[False] = ...,
+    scale: float | None = ..., return_weights: Literal[False] = ..., backend: str = ...,
 ) -> torch.Tensor: ...
 @overload
 def scaled_dot_product_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = ..., *,
     bias: torch.Tensor | None = ..., is_causal: bool = ..., dropout_p: float = ...,
-    scale: float | None = ..., return_weights: Literal[True],
+    scale: float | None = ..., return_weights: Literal[True], backend: str = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 def scaled_dot_product_attention(
     q: torch.Tensor,
@@ -82,6 +82,7 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     return_weights: bool = False,
+    backend: str = "torch",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention; behaves identically to
     :func:`attnlab.scaled_dot_product_attention`.
@@ -123,11 +124,24 @@ def scaled_dot_product_attention(
     float64; float16 and bfloat16 go to the fused kernel as they are and are
     computed in float32 on the plain path, returned in their own dtype.
 
+    ``backend="triton"`` runs :func:`attnlab.triton.flash_attention` instead
+    (CUDA tensors (B, H, T, D) / (B, Hkv, S, D); ``mask`` a key padding
+    broadcastable to (B, 1, 1, S); no bias, dropout or weights): see
+    :mod:`attnlab.triton.dispatch`.
+
     >>> q = k = v = torch.eye(2, dtype=torch.float64)
     >>> scaled_dot_product_attention(q, k, v, is_causal=True).round(decimals=3)
     tensor([[1.0000, 0.0000],
             [0.3300, 0.6700]], dtype=torch.float64)
     """
+    if backend != "torch":  # attnlab.triton is optional: imported only when asked for
+        if backend != "triton":
+            raise AttnlabError(f"backend: expected 'torch' or 'triton', got {backend!r}")
+        from ..triton.dispatch import sdpa_with_backend
+
+        return sdpa_with_backend(q, k, v, mask, bias=bias, is_causal=is_causal,
+                                 dropout_p=dropout_p, scale=scale,
+                                 return_weights=return_weights, backend=backend)
     return_weights = check_flag(return_weights, "return_weights")
     inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale,
                           return_weights=return_weights)
