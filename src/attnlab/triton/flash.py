@@ -215,12 +215,14 @@ def backward(
     # δ = rowsum(dout ⊙ out), FlashAttention-2's form (FA2 a2.L4), not flash.py's
     # Σ P ⊙ dP / Σ P. flash.py computes its δ in a first pass over every tile, from the
     # same P and dP the main pass uses, because on some BLAS kernels the rounding of a
-    # float32 out made its dq 2-3x less accurate than the plain backward's. On a GPU that
-    # pass would cost two more tile matmuls of the backward's five (about 40% more
-    # backward work) to remove a rounding the kernel already has elsewhere: P is rounded
-    # to float16/bfloat16 for its tensor-core dots, the same size as the rounding of out
-    # in that dtype. In float32, out = acc / l carries about 1 ulp, and the tests hold dq
-    # to FlashAttention's 2x rule against a float32 torch reference (tests/triton).
+    # float32 out made its dq 2-3x less accurate than the plain backward's. Here that
+    # pass would add two tile matmuls (q kᵀ and dout vᵀ again) to the backward's seven,
+    # about 30% more work, to remove a rounding the kernels already have elsewhere: in
+    # float16/bfloat16, P is rounded to that dtype for the tensor-core dots, the same
+    # size as the rounding of out. In float32, measured under the interpreter (whose
+    # dots are NumPy's, run under OpenBLAS's Haswell and SkylakeX kernels both), dq
+    # stays within 0.6-1.2x the plain float32 backward's error against float64 on the
+    # tier's shapes (tests/triton holds it to FlashAttention's 2x rule).
     delta = torch.empty((B, H, T), device=q.device, dtype=torch.float32)  # (B, H, T)
     kernels.flash_delta_kernel[(triton.cdiv(T, _DELTA_BLOCK), B * H)](
         out, dout, delta, T, HEAD_DIM=D, BLOCK_M=_DELTA_BLOCK,

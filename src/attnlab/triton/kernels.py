@@ -4,6 +4,9 @@ FlashAttention-2 (Dao, 2023) as Triton's fused-attention tutorial writes it,
 step for step beside attnlab's NumPy :mod:`attnlab.fast.flash`. Comments name
 the matching line of the paper's Algorithm 1 (forward) and Algorithm 2
 (backward) as "FA2 a1.L7", "FA2 a2.L14", and the matching step of flash.py.
+Algorithm 2 runs its dQ update inside the loop over key blocks (a2.L15, a
+read-modify-write of dQᵢ); like the tutorial, dq here has its own kernel that
+loops over key blocks instead, so that no two programs write the same rows.
 
 One program computes one tile of the output:
 
@@ -180,10 +183,10 @@ def _dq_tiles(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """dq of one query block over key blocks (FA2 a2.L8–L17 for the dQᵢ update)."""
+    """dq of one query block over key blocks (FA2 a2.L6–L15, the dQᵢ update)."""
     for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)  # (BN,)
-        # FA2 a2.L8: load Kⱼ, Vⱼ (both transposed here, (D, BN)).
+        # FA2 a2.L6: load Kⱼ, Vⱼ (both transposed here, (D, BN)).
         if MASKED:
             k_t = tl.load(k_base + offs_n[None, :] * HEAD_DIM + offs_d[:, None],
                           mask=offs_n[None, :] < S, other=0.0)  # (D, BN)
@@ -192,7 +195,7 @@ def _dq_tiles(
         else:
             k_t = tl.load(k_base + offs_n[None, :] * HEAD_DIM + offs_d[:, None])  # (D, BN)
             v_t = tl.load(v_base + offs_n[None, :] * HEAD_DIM + offs_d[:, None])  # (D, BN)
-        # FA2 a2.L11: Sᵢʲ = Qᵢ Kⱼᵀ; a2.L13: Pᵢʲ = exp(Sᵢʲ − Lᵢ), rebuilt from the stored
+        # FA2 a2.L10: Sᵢʲ = Qᵢ Kⱼᵀ; a2.L11: Pᵢʲ = exp(Sᵢʲ − Lᵢ), rebuilt from the stored
         # lse as flash.py's tile_weights does (base 2 throughout, so no rounding of units).
         scores = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale  # (BM, BN)
         p = tl.math.exp2(scores - lse2[:, None])  # (BM, BN) P
@@ -204,11 +207,11 @@ def _dq_tiles(
         if HAS_PADDING:
             real = tl.load(pad_base + offs_n, mask=offs_n < S, other=0)  # (BN,)
             p = tl.where(real[None, :] != 0, p, 0.0)
-        # FA2 a2.L16: dPᵢʲ = dOᵢ Vⱼᵀ; flash.py: dscores = dout vᵀ.
+        # FA2 a2.L13: dPᵢʲ = dOᵢ Vⱼᵀ; flash.py: dscores = dout vᵀ.
         dp = tl.dot(dout, v_t, input_precision=PRECISION)  # (BM, BN)
-        # FA2 a2.L17: dSᵢʲ = Pᵢʲ ∘ (dPᵢʲ − Dᵢ); flash.py: dz = P ⊙ (dP − δ).
+        # FA2 a2.L14: dSᵢʲ = Pᵢʲ ∘ (dPᵢʲ − Dᵢ); flash.py: dz = P ⊙ (dP − δ).
         ds = p * (dp - delta[:, None])  # (BM, BN)
-        # FA2 a2.L18: dQᵢ ← dQᵢ + τ dSᵢʲ Kⱼ (τ, the scale, applied once at the end).
+        # FA2 a2.L15: dQᵢ ← dQᵢ + τ dSᵢʲ Kⱼ (τ, the scale, applied once at the end).
         dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision=PRECISION)  # (BM, D)
     return dq
 
@@ -229,7 +232,7 @@ def flash_dq_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     rows = bh.to(tl.int64) * T * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     row_ok = offs_m < T
-    # FA2 a2.L10: load Qᵢ, dOᵢ, Lᵢ, Dᵢ. Rows past T: q = dout = 0, and lse2 = +inf so that
+    # FA2 a2.L9: load Qᵢ, dOᵢ, Lᵢ, Dᵢ. Rows past T: q = dout = 0, and lse2 = +inf so that
     # their P = 2^(s − inf) = 0. An empty row (lse -inf) gets +inf too: it passes no
     # gradient, as in flash.py.
     q = tl.load(Q + rows, mask=row_ok[:, None], other=0.0)  # (BM, D)
@@ -256,7 +259,7 @@ def flash_dq_kernel(
     dq = _dq_tiles(dq, q, dout, lse2, delta, k_base, v_base, pad_base, offs_m, offs_d, n_full,
                    n_hi, S, causal_offset, qk_scale, HEAD_DIM, BLOCK_N, True, IS_CAUSAL,
                    HAS_PADDING, PRECISION)
-    # flash.py: dq *= scale (the dot gave dz k). FA2 a2.L21: write dQᵢ.
+    # flash.py: dq *= scale (the dot gave dz k). FA2 a2.L15: write dQᵢ to HBM.
     tl.store(DQ + rows, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
@@ -268,11 +271,11 @@ def _dkdv_tiles(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """dk, dv of one key block over the query blocks of one head (FA2 a2.L9–L20, transposed)."""
+    """dk, dv of one key block over the query blocks of one head (FA2 a2.L8–L17, transposed)."""
     for m0 in range(m_lo, m_hi, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)  # (BM,)
         row_ok = offs_m < T
-        # FA2 a2.L10: load Qᵢ (transposed, (D, BM)), dOᵢ, Lᵢ, Dᵢ. Rows past T: lse2 = +inf,
+        # FA2 a2.L9: load Qᵢ (transposed, (D, BM)), dOᵢ, Lᵢ, Dᵢ. Rows past T: lse2 = +inf,
         # so their P is 0 (no mask needed on them); an empty row's -inf becomes +inf too.
         q_t = tl.load(q_base + offs_m[None, :] * HEAD_DIM + offs_d[:, None],
                       mask=row_ok[None, :], other=0.0)  # (D, BM)
@@ -281,7 +284,7 @@ def _dkdv_tiles(
         lse2 = tl.load(lse2_base + offs_m, mask=row_ok, other=float("inf"))  # (BM,)
         lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)  # (BM,)
-        # FA2 a2.L11, L13: Pᵀ = exp(K Qᵀ − Lᵀ), the transpose of flash.py's tile_weights.
+        # FA2 a2.L10, L11: Pᵀ = exp(K Qᵀ − Lᵀ), the transpose of flash.py's tile_weights.
         scores_t = tl.dot(k, q_t, input_precision=PRECISION) * qk_scale  # (BN, BM)
         p_t = tl.math.exp2(scores_t - lse2[None, :])  # (BN, BM)
         if MASKED:
@@ -289,12 +292,12 @@ def _dkdv_tiles(
                 p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_offset, p_t, 0.0)
         if HAS_PADDING:
             p_t = tl.where(p_real[:, None] != 0, p_t, 0.0)
-        # FA2 a2.L15: dVⱼ ← dVⱼ + Pᵀ dOᵢ; flash.py: dv += Pᵀ dout.
+        # FA2 a2.L12: dVⱼ ← dVⱼ + Pᵀ dOᵢ; flash.py: dv += Pᵀ dout.
         dv = tl.dot(p_t.to(dout.dtype), dout, dv, input_precision=PRECISION)  # (BN, D)
-        # FA2 a2.L16: dPᵀ = Vⱼ dOᵢᵀ; a2.L17: dSᵀ = Pᵀ ∘ (dPᵀ − Dᵢᵀ); flash.py's dz, transposed.
+        # FA2 a2.L13: dPᵀ = Vⱼ dOᵢᵀ; a2.L14: dSᵀ = Pᵀ ∘ (dPᵀ − Dᵢᵀ); flash.py's dz, transposed.
         dp_t = tl.dot(v, tl.trans(dout), input_precision=PRECISION)  # (BN, BM)
         ds_t = p_t * (dp_t - delta[None, :])  # (BN, BM)
-        # FA2 a2.L19: dKⱼ ← dKⱼ + τ dSᵀ Qᵢ (τ applied once at the end); flash.py: dk += dzᵀ q.
+        # FA2 a2.L16: dKⱼ ← dKⱼ + τ dSᵀ Qᵢ (τ applied once at the end); flash.py: dk += dzᵀ q.
         dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk, input_precision=PRECISION)
     return dk, dv
 
@@ -306,7 +309,7 @@ def flash_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """dKⱼ, dVⱼ for one key block of one (batch, kv head): FA2 a2.L5–L20, the tutorial's
+    """dKⱼ, dVⱼ for one key block of one (batch, kv head): FA2 a2.L5–L19, the tutorial's
     _attn_bwd_dkdv, summed over the GROUP query heads that share the kv head (GQA)."""
     start_n = tl.program_id(0) * BLOCK_N  # FA2 a2.L5: "for 1 ≤ j ≤ T_c" (in parallel)
     bkv = tl.program_id(1)  # batch · Hkv + kv head
@@ -338,7 +341,7 @@ def flash_dkdv_kernel(
     else:
         m_lo = 0
         m_full = 0
-    for g in range(0, GROUP):  # FA2 a2.L9: "for 1 ≤ i ≤ T_r", for each head sharing Kⱼ, Vⱼ
+    for g in range(0, GROUP):  # FA2 a2.L8: "for 1 ≤ i ≤ T_r", for each head sharing Kⱼ, Vⱼ
         bh = b * H + (bkv % Hkv) * GROUP + g
         q_base = Q + bh.to(tl.int64) * T * HEAD_DIM
         dout_base = DOUT + bh.to(tl.int64) * T * HEAD_DIM
@@ -350,6 +353,6 @@ def flash_dkdv_kernel(
         dk, dv = _dkdv_tiles(dk, dv, k, v, p_real, q_base, dout_base, lse2_base, delta_base,
                              offs_n, offs_d, m_full, T, T, causal_offset, qk_scale,
                              HEAD_DIM, BLOCK_M, False, IS_CAUSAL, HAS_PADDING, PRECISION)
-    # flash.py: dk *= scale. FA2 a2.L20: write dKⱼ, dVⱼ.
+    # flash.py: dk *= scale. FA2 a2.L18: write dKⱼ, dVⱼ.
     tl.store(DK + kv_rows, (dk * scale).to(DK.dtype.element_ty), mask=key_ok[:, None])
     tl.store(DV + kv_rows, dv.to(DV.dtype.element_ty), mask=key_ok[:, None])
