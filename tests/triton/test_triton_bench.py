@@ -48,3 +48,23 @@ def test_a_cpu_run_without_the_interpreter_is_refused():
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu"])
     assert bench.parse_args(["--device", "cuda"]).lengths == [16384, 8192, 4096, 2048, 1024]
+
+
+def test_the_verdict_reads_the_target_rows_and_flags_a_wrong_kernel():
+    spec = importlib.util.spec_from_file_location("bench_triton", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def row(D, T, fwd, both, wrong=False):
+        ours = {"wrong": True} if wrong else {"fwd_vs_sdpa": fwd, "fwd_bwd_vs_sdpa": both}
+        return {"D": D, "T": T, "results": {"attnlab.triton": ours}}
+
+    rows = [row(128, 4096, 0.9, 0.75), row(128, 16384, 0.82, 0.68), row(64, 4096, 0.1, 0.1),
+            row(128, 2048, 0.2, 0.2)]  # only D = 128, T = 4k-16k count
+    assert bench.verdict(rows) == {
+        "rows": 2, "worst_fwd_vs_sdpa": 0.82, "fwd_target_0.8_met": True,
+        "worst_fwd_bwd_vs_sdpa": 0.68, "fwd_bwd_target_0.7_met": False,
+    }
+    assert bench.verdict([row(128, 8192, 0, 0, wrong=True)]) == {"rows": 1, "wrong": True}
+    assert bench.verdict([row(64, 8192, 1, 1)]) == {"rows": 0}
