@@ -16,6 +16,7 @@ attend to gets output 0 (never NaN) and lse -inf.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Literal, overload
 
@@ -81,7 +82,7 @@ _dkdv_kernel = triton.autotune(
     configs=_configs([(32, 128, 4, 4), (64, 64, 4, 3), (32, 64, 4, 2)]),
     key=_KEY,
 )(kernels.flash_dkdv_kernel)
-_DELTA_BLOCK = 32 if interpreting() else 128
+_DELTA_BLOCK = 32 if interpreting() else 64  # rows per program of the δ kernel
 
 
 # ----------------------------------------------------------------- checks
@@ -176,6 +177,13 @@ def _launch_args(inputs: FlashInputs) -> dict[str, Any]:
     }
 
 
+def _on_device(t: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+    """Triton launches on the *current* CUDA device: make it the tensors' (cuda:1 with
+    cuda:0 current, as on a multi-GPU node with one process per rank that did not call
+    set_device, would otherwise run on the wrong GPU)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
 def _is_empty(inputs: FlashInputs) -> bool:
     return 0 in (inputs.B, inputs.H, inputs.T, inputs.S)
 
@@ -194,10 +202,11 @@ def forward(inputs: FlashInputs) -> tuple[torch.Tensor, torch.Tensor]:
     def grid(meta: dict[str, Any]) -> tuple[int, int]:
         return (triton.cdiv(T, meta["BLOCK_M"]), B * H)
 
-    _forward_kernel[grid](
-        q, inputs.k, inputs.v, out, lse2, padding,
-        inputs.scale * _LOG2E, T, S, H, H // inputs.Hkv, **_launch_args(inputs),
-    )
+    with _on_device(q):
+        _forward_kernel[grid](
+            q, inputs.k, inputs.v, out, lse2, padding,
+            inputs.scale * _LOG2E, T, S, H, H // inputs.Hkv, **_launch_args(inputs),
+        )
     return out, lse2
 
 
@@ -228,9 +237,10 @@ def backward(
     # stays within 0.6-1.2x the plain float32 backward's error against float64 on the
     # tier's shapes (tests/triton holds it to FlashAttention's 2x rule).
     delta = torch.empty((B, H, T), device=q.device, dtype=torch.float32)  # (B, H, T)
-    kernels.flash_delta_kernel[(triton.cdiv(T, _DELTA_BLOCK), B * H)](
-        out, dout, delta, T, HEAD_DIM=D, BLOCK_M=_DELTA_BLOCK,
-    )
+    with _on_device(q):
+        kernels.flash_delta_kernel[(triton.cdiv(T, _DELTA_BLOCK), B * H)](
+            out, dout, delta, T, HEAD_DIM=D, BLOCK_M=_DELTA_BLOCK,
+        )
     if dlse is not None:
         delta = delta - dlse.to(torch.float32)  # (B, H, T)
     dq = torch.empty_like(q)  # (B, H, T, D)
@@ -245,10 +255,11 @@ def backward(
     def dkdv_grid(meta: dict[str, Any]) -> tuple[int, int]:
         return (triton.cdiv(S, meta["BLOCK_N"]), B * Hkv)
 
-    _dq_kernel[dq_grid](q, k, v, dout, lse2, delta, dq, padding,
-                        qk_scale, inputs.scale, T, S, H, group, **launch)
-    _dkdv_kernel[dkdv_grid](q, k, v, dout, lse2, delta, dk, dv, padding,
+    with _on_device(q):
+        _dq_kernel[dq_grid](q, k, v, dout, lse2, delta, dq, padding,
                             qk_scale, inputs.scale, T, S, H, group, **launch)
+        _dkdv_kernel[dkdv_grid](q, k, v, dout, lse2, delta, dk, dv, padding,
+                                qk_scale, inputs.scale, T, S, H, group, **launch)
     return dq, dk, dv
 
 
