@@ -204,6 +204,15 @@ def test_head_study_numbers_are_the_ablated_models(minilm) -> None:
         study.importance, (study.by_lang["en"]["importance"] + study.by_lang["zh"]["importance"])
         / 2, rtol=0, atol=1e-12)
     assert (study.layer_drift > study.head_drift.max() * 0.5).any()  # a whole layer moves more
+    from attnlab.lens.heads import head_scores
+    expected = np.mean([head_scores(*minilm.attentions(t), "previous_token", exclude_bos=True)
+                        for t in sentences], axis=0)
+    np.testing.assert_allclose(study.detectors["previous_token"], expected, rtol=0, atol=1e-12)
     for share in study.kinds.values():
         assert ((share >= 0) & (share <= 1)).all()
-    assert all(np.isfinite(v) for v in study.correlations.values())
+    assert all(np.isfinite(study.correlations[name]) for name in (
+        "importance~similarity_change", "importance~drift", "drift~similarity_change",
+        "previous_token_score~drift", "drift_en~drift_zh"))
+    # no repeated token in these four sentences: the duplicate-token scores are all 0, and
+    # their correlation is undefined (null in the JSON, never NaN)
+    assert study.to_dict()["correlations"]["duplicate_token_score~drift"] is None

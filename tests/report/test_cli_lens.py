@@ -69,5 +69,6 @@ def test_lens_study_on_two_pairs(capsys, tmp_path, monkeypatch):
     assert data["pairs"] == [list(p) for p in pairs]
     assert np.array(data["head_drift"]).shape == (6, 12)
     assert "2 对句子" in out and "按重要性排名前 5" in out and "Spearman" in out
+    assert "previous_token 检测分数最高的头" in out and "induction" in data["detectors"]
     for name in ("ablation.png", "importance.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"

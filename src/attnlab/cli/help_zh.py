@@ -45,6 +45,16 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("explain", "--precision"): "打印的小数位数（默认 4）",
     ("explain", "--out"): "同时把 heatmap.png、heatmap.svg、trace.json、trace.md 写到这个文件夹",
     ("inspect", ""): "在一段文本上运行真实模型（all-MiniLM-L6-v2），查看每一个注意力头",
+    # lens
+    ("lens", ""): "哪些注意力头重要：消融、头的重要性与注意力展开（rollout）",
+    ("lens", "description"): "用 attnlab 自己的注意力在 TEXT（以及 --pair 给出的另一段文本）上运行预训练 BERT（默认是随包提供的 all-MiniLM-L6-v2）：逐个把每个头、每一层置零，测量与原模型的余弦一致度下降；按 Michel 等人的重要性 |∂cos/∂ξ| 给头排序；把注意力在各层上展开。--study 在随 attnlab 提供的中英文句子对上做完整的研究。",
+    ("lens", "text"): "要查看的文本（不与 --study 同用）",
+    ("lens", "--pair"): "另一段文本：重要性和消融改为测量 cos(TEXT, OTHER)",
+    ("lens", "--study"): "在随包提供的中英文句子对上做完整的研究",
+    ("lens", "--how"): "消融方式：置零，或换成每个头的平均输出（默认 zero）",
+    ("lens", "--model"): "一个 BERT 文件夹（config.json、model.safetensors、tokenizer.json），代替随包提供的 MiniLM",
+    ("lens", "--out"): "输出文件夹（默认 attnlab-lens/）",
+    ("lens", "--lang"): "输出语言",
     # draw
     ("draw", ""): "画出一个概念：Flash Attention 的分块、KV 缓存、位置编码、稀疏模式",
     ("draw", "description"): "把一个概念画成 PNG：flash（按键分块，逐步显示运行最大值与运行和）、kvcache（每一步解码后完整缓存与滚动窗口中存放的内容）、positions（正弦位置编码表、RoPE 的角度与相对位置分数）、sparse（滑动窗口、全局词元和 BigBird 块各保留哪些键；Linformer 和 Nyström 的权重与精确权重并排）。",

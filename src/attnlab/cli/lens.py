@@ -142,8 +142,13 @@ def _print_study(study: Any, lang: str) -> None:
         top = ", ".join(f"L{layer + 1}H{head + 1} {value * 1000:.2f}"
                         for layer, head, value in study.ranking(measure))
         print(f"按{zh_name}排名前 5 (×1000)：{top}" if zh else f"top 5 by {en} (x1000): {top}")
+    for name, table in study.detectors.items():
+        order = np.argsort(-table, axis=None, kind="stable")[:3]
+        top = ", ".join(f"L{i // table.shape[1] + 1}H{i % table.shape[1] + 1} "
+                        f"{table.flat[i]:.3f}" for i in order)
+        print(f"{name} 检测分数最高的头：{top}" if zh else f"highest {name} detector scores: {top}")
     for name, value in study.correlations.items():
-        print(f"Spearman {name}: {value:.3f}")
+        print(f"Spearman {name}: " + (f"{value:.3f}" if np.isfinite(value) else "-"))
     for measure in ("head_drift", "importance"):
         means = study.kind_means(measure)
         shown = ", ".join(f"{kind} {'-' if v is None else f'{v * 1000:.2f}'}"

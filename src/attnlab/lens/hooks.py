@@ -149,7 +149,7 @@ class HookedLayer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.block, name)
 
-    def __call__(self, x: Any, mask: Any = None, *, key_padding: Any = None, bias: Any = None,
+    def __call__(self, x: Any, *, mask: Any = None, key_padding: Any = None, bias: Any = None,
                  is_causal: bool = False, recorder: Recorder | None = None) -> np.ndarray:
         """The block's call (checks once, as ``SelfAttentionLayer.__call__``), hooked."""
         x_arr, _, allowed, bias_arr, _ = self.attn.check_call(

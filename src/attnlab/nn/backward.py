@@ -326,7 +326,7 @@ def block_backward(
     block: SelfAttentionLayer, x: Any, dout: Any, mask: Any = None, *,
     head_gates: Any = None,
 ) -> BlockGrads:
-    """Gradients of ``block(x, mask)`` for an :class:`EncoderBlock` or
+    """Gradients of ``block(x, mask=mask)`` for an :class:`EncoderBlock` or
     :class:`SelfAttentionLayer` (post- or pre-LN) in evaluation mode.
 
     Shapes: x (B, T, E), dout (B, T, E), mask bool broadcastable to (B, H, T, T)

@@ -18,7 +18,9 @@ Then ``importance`` (Michel et al. 2019: mean over the pairs of |∂ cos(a, b)/�
 :func:`attnlab.lens.importance.head_importance`), the heads' kinds from the weights'
 diagnostics (:func:`attnlab.lens.diagnostics.diagnose`: the share of sentences on
 which a head is flagged sink, previous_token, next_token, self, near_uniform,
-over_sparse), and Spearman rank correlations between the measures — also between
+over_sparse), TransformerLens's head detectors (:mod:`attnlab.lens.heads`: mean
+previous-token, duplicate-token and induction scores), and Spearman rank
+correlations between the measures — also between
 the English and the Chinese pairs' tables (``by_lang``): do the same heads matter?
 
 Heads and layers are 0-based in the data (the CLI prints them from 1).
@@ -38,6 +40,7 @@ import numpy as np
 from ..errors import AttnlabError
 from ..lens.ablation import ablate
 from ..lens.diagnostics import diagnose
+from ..lens.heads import DETECTORS, all_head_scores
 from ..lens.importance import head_importance
 
 __all__ = ["FLAGS", "FLOW_MAX_TOKENS", "HeadStudy", "TextLens", "analyse_text", "head_kinds",
@@ -74,17 +77,30 @@ def _ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def head_kinds(model: Any, texts: list[str]) -> dict[str, np.ndarray]:
-    """Per flag of :data:`FLAGS`, the share of ``texts`` on which each head has it: (L, H)."""
+def head_kinds(model: Any, texts: list[str]) -> tuple[dict[str, np.ndarray],
+                                                      dict[str, np.ndarray]]:
+    """How each head behaves on ``texts``, two ways, each {name: (L, H)}:
+
+    - per flag of :data:`FLAGS` (the diagnostics), the share of texts on which the head
+      has it;
+    - per detector of :data:`attnlab.lens.heads.DETECTORS` (TransformerLens's
+      previous-token, duplicate-token and induction scores, [CLS] excluded as
+      ``attnlab inspect`` does), the mean score over the texts.
+    """
     L, H = len(model.layers), model.layers[0].attn.num_heads
     counts = {flag: np.zeros((L, H)) for flag in FLAGS}
+    scores: dict[str, np.ndarray] = {name: np.zeros((L, H)) for name in DETECTORS}
     for text in texts:
         weights, tokens = model.attentions(text)  # (L, H, T, T)
         report = diagnose(weights, tokens)
         for head in report.heads:
             for flag in head.flags:
                 counts[flag][head.layer, head.head] += 1
-    return {flag: count / max(len(texts), 1) for flag, count in counts.items()}
+        for name, table in all_head_scores(weights, tokens, exclude_bos=True).items():
+            scores[name] += table
+    n = max(len(texts), 1)
+    return ({flag: count / n for flag, count in counts.items()},
+            {name: total / n for name, total in scores.items()})
 
 
 @dataclass
@@ -103,6 +119,7 @@ class HeadStudy:
     kinds: dict[str, np.ndarray]  # flag -> (L, H) share of sentences
     correlations: dict[str, float] = field(default_factory=dict)
     by_lang: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # en/zh (L, H)
+    detectors: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (L, H) mean score
 
     def ranking(self, measure: str = "head_drift", top: int = 5) -> list[tuple[int, int, float]]:
         """The ``top`` heads by a (L, H) measure, largest first: (layer, head, value)."""
@@ -136,7 +153,10 @@ class HeadStudy:
             "kinds": {flag: share.tolist() for flag, share in self.kinds.items()},
             "kind_means_drift": self.kind_means("head_drift"),
             "kind_means_importance": self.kind_means("importance"),
-            "correlations": self.correlations,
+            # A constant table (e.g. no duplicate tokens at all) has no ranks: null, not NaN.
+            "correlations": {name: value if np.isfinite(value) else None
+                             for name, value in self.correlations.items()},
+            "detectors": {name: table.tolist() for name, table in self.detectors.items()},
             "by_lang": {lang: {name: table.tolist() for name, table in tables.items()}
                         for lang, tables in self.by_lang.items()},
         }
@@ -204,16 +224,18 @@ def run_head_study(model: Any, pairs: list[tuple[str, str]] | None = None, *,
     importance = np.sum(tables, axis=0) / P  # (L, H): the mean over every pair
     head_drift = sentence_drift.mean(axis=-1)  # (L, H)
     head_change = pair_change.mean(axis=-1)  # (L, H)
-    kinds = head_kinds(model, sentences)
+    kinds, detectors = head_kinds(model, sentences)
     study = HeadStudy(getattr(model, "name", "model"), list(pairs), how, full_similarity,
                       head_drift, head_change, layer_drift, layer_change, importance, kinds,
-                      by_lang=by_lang)
+                      by_lang=by_lang, detectors=detectors)
     study.correlations = {
         "importance~similarity_change": spearman(importance, head_change),
         "importance~drift": spearman(importance, head_drift),
         "drift~similarity_change": spearman(head_drift, head_change),
         "sink_share~drift": spearman(kinds["sink"], head_drift),
         "near_uniform_share~drift": spearman(kinds["near_uniform"], head_drift),
+        **{f"{name}_score~drift": spearman(table, head_drift)
+           for name, table in detectors.items()},
     }
     if len(by_lang) == 2:
         study.correlations["drift_en~drift_zh"] = spearman(by_lang["en"]["head_drift"],
