@@ -8,8 +8,10 @@ threads pinned (``--threads``), and reads back metrics.json:
 - ``attnlab train induction``: the best induction score in the second layer
   (layer 1, counting from 0 as TransformerLens does) > 0.4, a previous-token head in
   the first layer (layer 0) > 0.4, the held-out loss on the repeat far
-  below the first copy's (here: < 1/4 of it), in <= 300 s; and the ablation check
-  (the induction head ablated vs a control head of the same layer).
+  below the first copy's (here: < 1/4 of it), in <= 300 s; and with the induction
+  heads zero-ablated together, the repeat's loss back at the first copy's. (The
+  other heads' ablation is printed, not checked: in this attention-only model every
+  first-layer head feeds the induction heads, so none is idle enough to be a control.)
 
 Each run is timed from process start to exit (imports included): wall time, and
 the CPU time of the process (user + system), which is steadier on a shared machine.
@@ -70,13 +72,13 @@ def _check(task: str, wall: float, metrics: dict) -> list[tuple[str, str, bool]]
         ]
         found = metrics["ablation"]
         ind, other = found["induction_heads_ablated"], found["other_heads_ablated"]
-        checks.append(("ablating the induction heads sends the repeat's loss up, the others "
-                       "do not (zero: induction > 4x other)",
+        checks.append(("ablating the induction heads together puts the repeat's loss back at "
+                       "the first copy's (zero, >= 0.9x)",
                        f"induction heads {found['induction_heads']}: zero {ind['zero']:.3f}, "
                        f"mean {ind['mean']:.3f}; other heads {found['other_heads']}: zero "
                        f"{other['zero']:.3f}, mean {other['mean']:.3f}; none "
                        f"{found['none']['second_half_loss']:.3f}",
-                       ind["zero"] > 4 * other["zero"]))
+                       ind["zero"] >= 0.9 * first))
     return checks
 
 

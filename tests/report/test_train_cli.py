@@ -100,3 +100,22 @@ def test_study_plan_and_table():
     assert "| 2 | post-LN | 0 | 1/2 | 1.250 |" in table
     zh = study_table({"study": "norm", "seeds": 2, "seconds": 1.0, "runs": runs}, "zh")
     assert "失败的种子" in zh
+
+
+def test_training_page_assets_are_package_data_files():
+    import fnmatch
+    from importlib import resources
+    from pathlib import Path
+
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))[
+        "tool"]["setuptools"]["package-data"]["attnlab"]
+    assets = resources.files("attnlab.report").joinpath("assets")
+    names = sorted(e.name for e in assets.iterdir() if e.name.startswith("training."))
+    assert names == ["training.css", "training.html", "training.js"]
+    for name in names:
+        assert any(fnmatch.fnmatch(f"report/assets/{name}", glob) for glob in globs), name
+    page = training_html(np.full((1, 1, 1, 2, 2), 0.5), [0], ["a", "b"])
+    assert assets.joinpath("training.js").read_text(encoding="utf-8").strip() in page

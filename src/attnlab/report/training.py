@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import AttnlabError, ShapeError, check_text, shape_str
 from .figures import new_figure
+from .fonts import font_context, warn_if_cjk_unrenderable
 from .text import check_lang
 from .words import Lang
 
@@ -109,6 +110,15 @@ def plot_training(
     steps = [int(s) for s in snapshot_steps]
     history = _check_history(head_history, len(steps))
     fig = new_figure((9.0, 3.6), feature="The training plot")
+    with font_context() as families:  # text keeps the fonts it is created with
+        warn_if_cjk_unrenderable([words["step"], str(title or "")], families, "plot_training")
+        _draw(fig, words, loss, steps, history, phase_change_step, heldout_loss, title)
+    return fig
+
+
+def _draw(fig: Figure, words: dict[str, Any], loss: np.ndarray, steps: list[int],
+          history: dict[str, np.ndarray], phase_change_step: int | None, heldout_loss: Any,
+          title: str | None) -> None:
     ax_loss, ax_score = fig.subplots(1, 2)
     finite = np.isfinite(loss)
     ax_loss.plot(np.arange(1, len(loss) + 1)[finite], loss[finite], lw=0.8, color="#3465a4",
@@ -140,11 +150,12 @@ def plot_training(
     if phase_change_step is not None:
         for ax in (ax_loss, ax_score):
             ax.axvline(phase_change_step, color="#888a85", lw=0.8, ls="--")
-        ax_score.annotate(" " + words["phase_change"], (phase_change_step, 0.02), fontsize=7,
-                          ha="left", va="bottom", color="#555753")
+        right = bool(steps) and phase_change_step > steps[-1] / 2
+        ax_score.annotate(f"{words['phase_change']} " if right else f" {words['phase_change']}",
+                          (phase_change_step, 0.97), fontsize=7, ha="right" if right else "left",
+                          va="top", color="#555753")
     if title is not None:
         fig.suptitle(check_text(str(title), "title"), fontsize=10)
-    return fig
 
 
 def training_html(

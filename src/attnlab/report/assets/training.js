@@ -48,7 +48,7 @@
       tr.appendChild(cell("th", data.tokens[i], null));
       for (let j = 0; j < T; j++) {
         const w = rows[i][j] / 1000;
-        const td = cell("td", null, data.period && i >= data.period && j === i - data.period + 1
+        const td = cell("td", null, data.period && i > data.period && j === i - data.period + 1
           ? "stripe" : null);
         const shade = Math.round(255 * (1 - w));
         td.style.backgroundColor = "rgb(" + shade + "," + shade + ",255)";
