@@ -354,6 +354,17 @@ lesson(
          "        .get(\"weights\").values[1].argmax() for s in range(5)]\n"
          "print(tops)\n"
          "assert len(set(tops)) > 1"),
+    md("**再往前一步：训练过的模型**。在终端里运行 `attnlab inspect --find \"it->animal\"`："
+       "all-MiniLM-L6-v2 的第 4 层第 2 个头把“it”0.68 的权重放在“animal”上——正是种子文章 001 说的"
+       "代词–先行词关系（README：“A real model on attnlab's attention: `attnlab inspect`”）。"
+       "哪些头真正重要（消融、重要性、rollout）见 README 的 `attnlab lens` 一节；"
+       "看注意力头在训练中如何形成：运行 `attnlab train`（选项见 `attnlab train --help`）。",
+       "**One step further: a trained model.** In a terminal, run `attnlab inspect --find "
+       "\"it->animal\"`: all-MiniLM-L6-v2's layer 4 head 2 puts 0.68 of \"it\"'s weight on "
+       "\"animal\", the pronoun–antecedent link seed 001 describes (README: \"A real model on "
+       "attnlab's attention: `attnlab inspect`\"). Which heads matter (ablation, importance, "
+       "rollout): the README's `attnlab lens` section; heads forming during training: run "
+       "`attnlab train` (options: `attnlab train --help`)."),
 )
 
 

@@ -55,6 +55,8 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("lens", "--model"): "一个 BERT 文件夹（config.json、model.safetensors、tokenizer.json），代替随包提供的 MiniLM",
     ("lens", "--out"): "输出文件夹（默认 attnlab-lens/）",
     ("lens", "--lang"): "输出语言",
+    ("train", ""): "在合成任务上训练一个小解码器，观察注意力头如何形成",
+    ("ring", ""): "在 W 个本地进程（gloo）上运行环形注意力，或用 NumPy 模拟它",
     # draw
     ("draw", ""): "画出一个概念：Flash Attention 的分块、KV 缓存、位置编码、稀疏模式",
     ("draw", "description"): "把一个概念画成 PNG：flash（按键分块，逐步显示运行最大值与运行和）、kvcache（每一步解码后完整缓存与滚动窗口中存放的内容）、positions（正弦位置编码表、RoPE 的角度与相对位置分数）、sparse（滑动窗口、全局词元和 BigBird 块各保留哪些键；Linformer 和 Nyström 的权重与精确权重并排）。",
