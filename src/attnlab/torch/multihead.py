@@ -34,6 +34,7 @@ from ..errors import (
     check_flag,
     check_positive_int,
 )
+from ..kernel import check_softcap
 from ..nn import multihead as np_multihead
 from ..shapes import check_key_padding_shape, check_module_inputs, check_score_elements
 from . import debug
@@ -251,6 +252,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         return_weights: bool = False,
         average_attn_weights: bool = False,
+        softcap: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (pass the same tensor three times for
         self-attention). Returns ``(out, weights)``; ``weights`` is None unless
@@ -264,6 +266,7 @@ class MultiHeadAttention(nn.Module):
             key_padding bool (B, S); True = a real token (the opposite of torch's
                         key_padding_mask)
             bias        float, broadcastable to (B, H, T, S), added to the scaled scores
+            softcap     c: scores c·tanh(s / c) before bias and mask (Gemma 2), or None
             ->          out (B, T, E_out) (the query's layout), and per-head weights
                         (B, H, T, S) if ``return_weights`` ((B, T, S) averaged over heads
                         with ``average_attn_weights``, torch's default), else None;
@@ -281,7 +284,8 @@ class MultiHeadAttention(nn.Module):
         if check_flag(return_weights, "return_weights"):  # weights: a (B, H, T, S) tensor
             lead, T, S = inputs.query.shape[:-2], inputs.query.shape[-2], inputs.key.shape[-2]
             check_score_elements((*lead, self.num_heads, T, S), PLAIN_PATH_HINT)
-        out, weights = self.forward_checked(inputs, return_weights)
+        out, weights = self.forward_checked(inputs, return_weights,
+                                            softcap=check_softcap(softcap))
         if weights is not None and average:
             weights = weights.mean(dim=-3)  # (B, T, S)
         if not self.batch_first and out.ndim == 3:
@@ -358,7 +362,7 @@ class MultiHeadAttention(nn.Module):
         return MultiHeadInputs(q_in, k_in, v_in, allowed, bias_t, is_causal)
 
     def forward_checked(
-        self, c: MultiHeadInputs, return_weights: bool = False
+        self, c: MultiHeadInputs, return_weights: bool = False, *, softcap: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The math of :meth:`forward` on inputs from :meth:`check_inputs` (no checks;
         under :func:`attnlab.torch.debug_checks`, the projected scores' overflow bound).
@@ -412,6 +416,7 @@ class MultiHeadAttention(nn.Module):
             is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=return_weights,
+            softcap=softcap,
         )  # (B, H, T, Dv) [, (B, H, T, S)]
         heads, weights = result if isinstance(result, tuple) else (result, None)
         merged = heads.transpose(-3, -2).reshape(*lead, T, H * Dv)  # (B, T, H*Dv)
