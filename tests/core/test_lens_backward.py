@@ -92,7 +92,7 @@ def test_block_backward_with_gates_and_padding(norm, kind) -> None:
         original = block.attn.Wo
         block.attn.Wo = original * np.repeat(gates, Dv)[:, None]
         try:
-            return float((block(x, mask) * weights).sum())
+            return float((block(x, mask=mask) * weights).sum())
         finally:
             block.attn.Wo = original
 

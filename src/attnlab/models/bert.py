@@ -316,7 +316,8 @@ def check_max_length(value: Any, config: BertConfig) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
         1 <= value <= limit
     ):
-        raise AttnlabError(f"max_length: expected 1..{limit}, got {value!r}")
+        raise AttnlabError(f"max_length: expected an integer in 1..{limit} "
+                           f"(max_position_embeddings), got {value!r}")
     return int(value)
 
 

@@ -115,10 +115,10 @@ def _gated_forward(block: Any, x: np.ndarray, mask: np.ndarray | None,
                    gates: np.ndarray) -> np.ndarray:
     """block(x) with head h's output scaled by gates[h] (rows of Wo scaled): (B, T, E)."""
     if np.all(gates == 1.0):
-        return block(x, mask)
+        return block(x, mask=mask)
     gated_block = copy.copy(block)
     gated_block.attn = copy.copy(block.attn)
     Dv = block.attn.value_head_dim
     gated_block.attn.Wo = block.attn.Wo * np.repeat(gates, Dv)[:, None].astype(
         block.attn.Wo.dtype)
-    return gated_block(x, mask)
+    return gated_block(x, mask=mask)
