@@ -25,6 +25,7 @@ from attnlab.models import load_minilm as load_numpy_minilm  # noqa: E402
 from attnlab.models import minilm_path  # noqa: E402
 from attnlab.torch.models import BertModel, load_bert, load_minilm  # noqa: E402
 
+MAX_LENGTH_ERROR = r"^max_length: expected an integer in 1\.\.512 .*got (513|0)$"
 TEXTS = ["小明去了学校", "The cat sat on the mat.",
          "自注意力机制让每个词都能关注句子中的所有其他词。", "I love NLP 🤖🚀",
          "a", " ".join(["attention is all you need"] * 80)]
@@ -115,9 +116,9 @@ def test_max_length_is_set_at_load_and_afterwards(loader):
     assert len(model.tokenize([long_text])[0][0]) == 32
     model.max_length = 300  # used to be silently ignored: the tokenizer kept cutting at 256
     assert len(model.tokenize([long_text])[0][0]) == 300
-    with pytest.raises(AttnlabError, match=r"max_length: expected an integer in 1\.\.512"):
+    with pytest.raises(AttnlabError, match=MAX_LENGTH_ERROR):
         model.max_length = 513
-    with pytest.raises(AttnlabError, match=r"max_length: expected an integer in 1\.\.512"):
+    with pytest.raises(AttnlabError, match=MAX_LENGTH_ERROR):
         load(max_length=0)
 
 
