@@ -141,10 +141,10 @@ class Block(nn.Module):
 
         def attend(h: torch.Tensor) -> torch.Tensor:
             nonlocal weights
+            out, kept = self.attn(h, h, h, is_causal=True, return_weights=return_weights)
             if return_weights:
-                out, weights = self.attn(h, h, h, is_causal=True, return_weights=True)
-                return cast(torch.Tensor, out)
-            return cast(torch.Tensor, self.attn(h, h, h, is_causal=True))
+                weights = kept  # (B, H, T, T)
+            return cast(torch.Tensor, out)
 
         if self.norm_placement == "pre":
             x = x + attend(self.norm1(x))  # (B, T, E)
