@@ -16,6 +16,7 @@ from .fast.block_sparse import block_sparse_attention, block_sparse_mask
 from .fast.flash import FlashStats, flash_attention, flash_attention_backward, merge_partials
 from .fast.kv_cache import KVCache, SlidingWindowKVCache
 from .fast.lowrank import linformer_attention, nystrom_attention
+from .fast.paged_cache import PagedKVCache
 from .fast.performer import performer_attention
 from .fast.sparse import sliding_window_attention, sliding_window_mask
 from .init import init_qkv, init_weight, xavier_normal, xavier_uniform
@@ -53,6 +54,7 @@ __all__ = [
     "LayerNorm",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
+    "PagedKVCache",
     "Recorder",
     "RotaryEmbedding",
     "SelfAttentionLayer",

@@ -22,10 +22,12 @@ attnlab.torch                                      NumPy core
 ``SelfAttentionLayer(d_model, num_heads)``         ``attnlab.SelfAttentionLayer``
 ``LayerNorm(d_model)``                             ``attnlab.LayerNorm``
 ``KVCache``, ``SlidingWindowKVCache``              the same names in ``attnlab``
+``PagedKVCache``                                   ``attnlab.PagedKVCache``
 ``PositionalEncoding(d_model)``                    ``positional.SinusoidalPositionalEncoding``
 ``sinusoidal_encoding``                            the same name in ``attnlab.positional``
 ``apply_rope``, ``rope_angles``,                   the same names in
 ``alibi_slopes``, ``alibi_bias``                   ``attnlab.positional_relative``
+``varlen_attention(q, k, v, cu_seqlens_q, ...)``   ``attnlab.fast.varlen.varlen_attention``
 ``from_numpy(obj)`` / ``to_numpy(module)``         move parameters between the two
 =================================================  =========================================
 
@@ -53,6 +55,7 @@ from .kv_cache import KVCache, SlidingWindowKVCache
 from .layers import LayerNorm, SelfAttentionLayer
 from .masks import causal_mask, sliding_window_mask, window_mask
 from .multihead import MultiHeadAttention
+from .paged_cache import PagedKVCache
 from .positional import (
     PositionalEncoding,
     alibi_bias,
@@ -61,11 +64,13 @@ from .positional import (
     rope_angles,
     sinusoidal_encoding,
 )
+from .varlen import varlen_attention
 
 __all__ = [
     "KVCache",
     "LayerNorm",
     "MultiHeadAttention",
+    "PagedKVCache",
     "PositionalEncoding",
     "SelfAttentionLayer",
     "SlidingWindowKVCache",
@@ -84,5 +89,6 @@ __all__ = [
     "softmax",
     "to_numpy",
     "to_torch_multihead",
+    "varlen_attention",
     "window_mask",
 ]
