@@ -2,8 +2,9 @@
 
 Everything here behaves identically to its NumPy twin in the core (same shapes,
 same bool mask convention with **True = may attend**, same causal alignment
-(bottom-right unless ``causal_alignment="top_left"``), rows with nothing to attend to give 0), takes the same parameters in
-the same order (plus ``device``, ``dtype``, ``generator`` and dropout where torch
+(bottom-right unless ``causal_alignment="top_left"``), rows with nothing to
+attend to give 0), takes the same parameters in the same order (plus ``device``,
+``dtype``, ``generator`` and dropout where torch
 has them) and is tested against it to float64 precision. Importing ``attnlab``
 never imports torch; importing ``attnlab.torch`` without torch installed raises
 an ImportError saying what to install.
