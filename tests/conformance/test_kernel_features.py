@@ -595,3 +595,26 @@ def test_torch_lse_is_differentiable_by_autograd():
     _, weights, _ = reference_attention(q, k, v, mask)
     expected = weights @ k / np.sqrt(q.shape[-1])
     assert_close(tq.grad.numpy(), expected, atol=F64_GRAD_TOL, what="d lse / d q")
+
+
+# JAX's local_window_size is top-left; so is sliding_window_attention with causal_alignment.
+@pytest.mark.parametrize("T,S", [(7, 15), (15, 7)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sliding_window_attention_takes_the_top_left_alignment(T, S, causal):
+    q, k, v, _ = qkv(T * S, 2, 2, 2, T, S)
+    peer = jax_local_window(T, S, (2, 3))
+    if causal:
+        peer = peer & np.tril(np.ones((T, S), bool))
+    expected = attnlab.scaled_dot_product_attention(q, k, v, peer)
+    got = attnlab.sliding_window_attention(q, k, v, (2, 3), is_causal=causal,
+                                           causal_alignment="top_left", global_tokens=[1, 5])
+    mask = attnlab.sliding_window_mask(T, (2, 3), is_causal=causal, S=S,
+                                       causal_alignment="top_left", global_tokens=[1, 5])
+    with_globals = attnlab.scaled_dot_product_attention(q, k, v, mask)
+    assert_close(got, with_globals, atol=F64_TOL, what="sparse vs its mask")
+    t_mask = at.sliding_window_mask(T, (2, 3), is_causal=causal, S=S,
+                                    causal_alignment="top_left", global_tokens=[1, 5])
+    assert np.array_equal(t_mask.numpy(), mask)
+    plain = attnlab.sliding_window_attention(q, k, v, (2, 3), is_causal=causal,
+                                             causal_alignment="top_left")
+    assert_close(plain, expected, atol=F64_TOL, what="sparse vs JAX's local window")

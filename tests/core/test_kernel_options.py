@@ -175,3 +175,21 @@ def test_flash_keeps_linear_memory_at_16k_with_windows_softcap_and_alibi():
         q[..., rows, :], k[..., keys, :], v[..., keys, :], window=(127, 0), is_causal=True,
         softcap=20.0, alibi_slopes=slopes)
     np.testing.assert_allclose(out[..., rows, :], plain, rtol=0, atol=2e-6)  # float32 sums
+
+
+def test_flash_options_give_the_same_numbers_on_any_number_of_threads():
+    # The parts (query blocks of a few batch-heads) carry their own ALiBi slopes and band.
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((2, 4, 600, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 700, 16)).astype(np.float32) for _ in range(2))
+    options = dict(window=(150, 20), softcap=5.0, enable_gqa=True,
+                   alibi_slopes=rng.random((2, 4)).astype(np.float32), block_q=128,
+                   block_k=128, return_lse=True)
+    out, lse = flash_attention(q, k, v, **options)
+    out2, lse2 = flash_attention(q, k, v, num_threads=2, **options)
+    np.testing.assert_array_equal(out, out2)
+    np.testing.assert_array_equal(lse, lse2)
+    plain = attnlab.scaled_dot_product_attention(
+        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+        **{key: val for key, val in options.items() if key not in ("block_q", "block_k")})
+    np.testing.assert_allclose(out, plain[0], rtol=0, atol=1e-5)  # float32 vs float64

@@ -33,6 +33,9 @@ SYNONYMS = {
     "softmax_scale": "scale",
     "sm_scale": "scale",
     "d_k": "head_dim",
+    "logit_softcapping": "softcap",
+    "attn_logit_softcapping": "softcap",
+    "causal_upper_left": "causal_alignment",
 }
 
 #: Names kept on purpose, with the reason.

@@ -37,7 +37,7 @@ from ..errors import (
     shape_str,
 )
 from ..kernel import attend, check_inputs, check_key_padding
-from ..shapes import check_window_pair
+from ..shapes import check_causal_alignment, check_window_pair
 
 __all__ = [
     "sliding_window_mask",
@@ -122,11 +122,13 @@ def _window_rule(
 
 
 def sliding_window_mask(
-    T: int, window: Any, *, is_causal: bool, S: int | None = None, global_tokens: Any = None
+    T: int, window: Any, *, is_causal: bool, S: int | None = None, global_tokens: Any = None,
+    causal_alignment: str = "bottom_right",
 ) -> np.ndarray:
     """The boolean mask of :func:`sliding_window_attention`: -> (T, S), True = may attend.
 
-    Query i sits at position p = S - T + i (p = i when T == S); key j at position j.
+    Query i sits at position p = S - T + i (p = i when T == S, or with
+    ``causal_alignment="top_left"``); key j at position j.
 
     - ``is_causal=True``: the W most recent keys, itself included: p - W < j ≤ p.
     - ``is_causal=False``: W must be odd; the query and (W - 1) / 2 keys on each
@@ -162,7 +164,8 @@ def sliding_window_mask(
     global_pos = _check_positions([] if global_tokens is None else global_tokens,
                                   "global_tokens", S)
     check_alloc((T, S), np.bool_, "the sliding-window mask (T, S)", sizes)
-    query_pos = np.arange(T) + (S - T)  # (T,)
+    offset = S - T if check_causal_alignment(causal_alignment) == "bottom_right" else 0
+    query_pos = np.arange(T) + offset  # (T,)
     return _window_rule(query_pos, np.arange(S), sides, is_causal, global_pos)  # (T, S)
 
 
@@ -183,6 +186,7 @@ def sliding_window_attention(
     global_tokens: Any = None,
     key_padding: Any = None,
     scale: float | None = None,
+    causal_alignment: str = "bottom_right",
 ) -> np.ndarray:
     """Sliding-window attention (Longformer; Mistral when causal), without the T × S matrix.
 
@@ -228,7 +232,8 @@ def sliding_window_attention(
     padding = check_key_padding(key_padding, batch, S)
 
     out = np.zeros((*batch, T, Dv), dtype=q_arr.dtype)  # (..., T, Dv)
-    offset = S - T  # query i sits at position offset + i
+    alignment = check_causal_alignment(causal_alignment)
+    offset = S - T if alignment == "bottom_right" else 0  # query i sits at position offset + i
     left, right = sides  # keys reachable before the query, and after it
     chunk = _window_chunk(min(left + right + 1, max(S, 1)))
     for start in range(0, T, chunk):
@@ -255,7 +260,7 @@ def sliding_window_attention(
         )
 
     # Global queries attend to every key: their rows are redone against all S keys.
-    global_rows = global_pos[global_pos >= offset] - offset  # query indices
+    global_rows = global_pos[(global_pos >= offset) & (global_pos < offset + T)] - offset
     if global_rows.size:
         allowed = _window_rule(global_rows + offset, np.arange(S), sides, is_causal, global_pos)
         allowed = _with_padding(allowed, padding, slice(None))  # (..., G, S)

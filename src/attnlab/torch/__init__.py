@@ -1,9 +1,10 @@
 """attnlab.torch — the PyTorch layer of attnlab.
 
 Everything here behaves identically to its NumPy twin in the core (same shapes,
-same bool mask convention with **True = may attend**, same bottom-right causal
-alignment, rows with nothing to attend to give 0), takes the same parameters in
-the same order (plus ``device``, ``dtype``, ``generator`` and dropout where torch
+same bool mask convention with **True = may attend**, same causal alignment
+(bottom-right unless ``causal_alignment="top_left"``), rows with nothing to
+attend to give 0), takes the same parameters in the same order (plus ``device``,
+``dtype``, ``generator`` and dropout where torch
 has them) and is tested against it to float64 precision. Importing ``attnlab``
 never imports torch; importing ``attnlab.torch`` without torch installed raises
 an ImportError saying what to install.
@@ -17,6 +18,7 @@ attnlab.torch                                      NumPy core
 ``scaled_dot_product_attention(q, k, v, mask)``    ``attnlab.scaled_dot_product_attention``
 ``softmax(x)``, ``causal_mask(T, S)``              ``attnlab.softmax``, ``attnlab.causal_mask``
 ``sliding_window_mask(T, window, is_causal=)``     ``attnlab.sliding_window_mask``
+``window_mask(T, S, window=)``                     ``attnlab.window_mask``
 ``MultiHeadAttention(num_heads, d_model)``         ``attnlab.MultiHeadAttention.init``
 ``SelfAttentionLayer(d_model, num_heads)``         ``attnlab.SelfAttentionLayer``
 ``LayerNorm(d_model)``                             ``attnlab.LayerNorm``

@@ -96,12 +96,14 @@ def sliding_window_mask(
     is_causal: bool,
     S: int | None = None,
     global_tokens: Any = None,
+    causal_alignment: str = "bottom_right",
     device: Any = None,
 ) -> torch.Tensor:  # -> (T, S)
     """The sliding-window mask, True = may attend; behaves identically to
     :func:`attnlab.fast.sparse.sliding_window_mask`.
 
-    Query i sits at position p = S - T + i (p = i when T == S); key j at position j.
+    Query i sits at position p = S - T + i (p = i when T == S, or with
+    ``causal_alignment="top_left"``); key j at position j.
 
     - ``is_causal=True``: the W most recent keys, itself included: p - W < j ≤ p
       (what :class:`attnlab.torch.SlidingWindowKVCache` attends to).
@@ -134,7 +136,8 @@ def sliding_window_mask(
         W = check_window(window, is_causal)
     global_pos = check_positions(_position_list(global_tokens), "global_tokens", S)
     check_alloc((T, S), torch.bool, "the sliding-window mask (T, S)", sizes)
-    query_pos = torch.arange(T, device=device) + (S - T)  # (T,)
+    offset = S - T if check_causal_alignment(causal_alignment) == "bottom_right" else 0
+    query_pos = torch.arange(T, device=device) + offset  # (T,)
     key_pos = torch.arange(S, device=device)  # (S,)
     return window_allowed(query_pos, key_pos, W, is_causal, global_pos)  # (T, S)
 
