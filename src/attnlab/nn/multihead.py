@@ -37,7 +37,7 @@ from ..errors import (
     shape_str,
 )
 from ..init import as_rng, init_weight
-from ..kernel import abs_max, attend, check_mask_and_bias, check_score_range
+from ..kernel import abs_max, attend, check_mask_and_bias, check_score_range, check_softcap
 from ..positional_relative import RotaryEmbedding, alibi_bias
 from ..trace import Recorder
 
@@ -298,6 +298,7 @@ class MultiHeadAttention:
         bias: Any = None,
         is_causal: bool = False,
         return_weights: bool = False,
+        softcap: float | None = None,
         recorder: Recorder | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Attend from ``x`` to ``context`` (default: ``x`` itself).
@@ -308,6 +309,7 @@ class MultiHeadAttention:
             mask        bool, broadcastable to (B, H, T, S); True = may attend
             key_padding bool (B, S); True = a real token (may be attended to)
             bias        float, broadcastable to (B, H, T, S), e.g. ALiBi (H, T, S)
+            softcap     c: scores c·tanh(s / c) before bias and mask (Gemma 2), or None
             recorder    an :class:`attnlab.trace.Recorder` to keep Q, K, V, scores,
                         weights, per-head outputs (per head, one batch item)
             ->          out (B, T, E_out), and per-head weights (B, H, T, S)
@@ -316,7 +318,8 @@ class MultiHeadAttention:
         x_arr, ctx, allowed, bias_arr, is_causal = self.check_call(
             x, context, mask, key_padding=key_padding, bias=bias, is_causal=is_causal
         )
-        out, weights = self.forward(x_arr, ctx, allowed, bias_arr, recorder=recorder)
+        out, weights = self.forward(x_arr, ctx, allowed, bias_arr, recorder=recorder,
+                                    softcap=check_softcap(softcap))
         return (out, weights) if return_weights else out
 
     def check_call(
@@ -347,6 +350,7 @@ class MultiHeadAttention:
     def forward(
         self, x: np.ndarray, context: np.ndarray, allowed: np.ndarray | None = None,
         bias: np.ndarray | None = None, *, recorder: Recorder | None = None,
+        softcap: float | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The computation of a call, on arguments already checked by :meth:`check_call`.
 
@@ -370,7 +374,8 @@ class MultiHeadAttention:
             abs_max(q), abs_max(k), self.head_dim, scale, q.dtype,
             bias_max=float(np.max(bias)) if bias is not None and bias.size else 0.0,
         )
-        heads, weights = attend(q, k, v, allowed, bias, scale)  # (B, H, T, Dv), (B, H, T, S)
+        heads, weights = attend(q, k, v, allowed, bias, scale,
+                                softcap=softcap)  # (B, H, T, Dv), (B, H, T, S)
         out = linear(merge_heads(heads), self.Wo, self.bo)  # (B, T, E_out)
         if recorder is not None:
             self._record(recorder, x, q, k, v, weights, heads, out)

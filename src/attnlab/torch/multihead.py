@@ -33,6 +33,7 @@ from ..errors import (
     check_flag,
     check_positive_int,
 )
+from ..kernel import check_softcap
 from ..nn import multihead as np_multihead
 from ..shapes import check_key_padding_shape, check_module_inputs, check_score_elements
 from . import debug
@@ -207,6 +208,7 @@ class MultiHeadAttention(nn.Module):
         bias: torch.Tensor | None = None,
         is_causal: bool = False,
         return_weights: bool = False,
+        softcap: float | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value`` (pass the same tensor three times for
         self-attention).
@@ -219,6 +221,7 @@ class MultiHeadAttention(nn.Module):
             key_padding bool (B, S); True = a real token (the opposite of torch's
                         key_padding_mask)
             bias        float, broadcastable to (B, H, T, S), added to the scaled scores
+            softcap     c: scores c·tanh(s / c) before bias and mask (Gemma 2), or None
             ->          out (B, T, E_out), and per-head weights (B, H, T, S) if
                         ``return_weights`` (torch.nn.MultiheadAttention averages them
                         over heads)
@@ -230,7 +233,7 @@ class MultiHeadAttention(nn.Module):
         if check_flag(return_weights, "return_weights"):  # weights: a (B, H, T, S) tensor
             lead, T, S = inputs.query.shape[:-2], inputs.query.shape[-2], inputs.key.shape[-2]
             check_score_elements((*lead, self.num_heads, T, S), PLAIN_PATH_HINT)
-        return self.forward_checked(inputs, return_weights)
+        return self.forward_checked(inputs, return_weights, softcap=check_softcap(softcap))
 
     def check_inputs(
         self,
@@ -297,7 +300,7 @@ class MultiHeadAttention(nn.Module):
         return MultiHeadInputs(q_in, k_in, v_in, allowed, bias_t, is_causal)
 
     def forward_checked(
-        self, c: MultiHeadInputs, return_weights: bool = False
+        self, c: MultiHeadInputs, return_weights: bool = False, *, softcap: float | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The math of :meth:`forward` on inputs from :meth:`check_inputs` (no checks;
         under :func:`attnlab.torch.debug_checks`, the projected scores' overflow bound)."""
@@ -329,6 +332,7 @@ class MultiHeadAttention(nn.Module):
             is_causal=c.is_causal,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=return_weights,
+            softcap=softcap,
         )  # (B, H, T, Dv) [, (B, H, T, S)]
         heads, weights = result if isinstance(result, tuple) else (result, None)
         merged = heads.transpose(-3, -2).reshape(*lead, T, H * Dv)  # (B, T, H*Dv)
