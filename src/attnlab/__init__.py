@@ -20,6 +20,7 @@ from .fast.paged_cache import PagedKVCache
 from .fast.performer import performer_attention
 from .fast.sparse import sliding_window_attention, sliding_window_mask
 from .init import init_qkv, init_weight, xavier_normal, xavier_uniform
+from .lens import grad_diagnostics
 from .lens.explain import explain, token_embeddings
 from .masks import (
     causal_mask,
@@ -76,6 +77,7 @@ __all__ = [
     "from_blocked",
     "from_keep",
     "gelu",
+    "grad_diagnostics",
     "init_qkv",
     "init_weight",
     "layer_norm_backward",

@@ -194,7 +194,7 @@ def plain_forward(model: BertModel, ids: np.ndarray, real: np.ndarray) -> np.nda
     x = model.embed(ids)  # (B, T, E)
     mask = real.astype(bool)[:, None, None, :]  # (B, 1, 1, T)
     for layer in model.layers:
-        x = layer(x, mask)  # (B, T, E)
+        x = layer(x, mask=mask)  # (B, T, E)
     return x
 
 

@@ -50,7 +50,7 @@ class Twin:
 TWINS = [
     # NumPy draws dropout from an explicit rng; torch from its own generator.
     Twin("scaled_dot_product_attention", attnlab.scaled_dot_product_attention,
-         at.scaled_dot_product_attention, numpy_only={"rng"}),
+         at.scaled_dot_product_attention, numpy_only={"rng"}, torch_only={"backend"}),
     Twin("softmax", attnlab.softmax, at.softmax, renamed={"axis": "dim"}),
     Twin("causal_mask", masks.causal_mask, at.causal_mask, torch_only={"device"}),
     Twin("window_mask", masks.window_mask, at.window_mask, torch_only={"device"}),
@@ -60,11 +60,16 @@ TWINS = [
          numpy_only={"scheme", "seed"},
          # The NumPy core builds these from explicit arrays (MultiHeadAttention(Wq, ...)).
          torch_only={"generator", "device", "dropout", "value_head_dim", "d_out",
-                     "rope_interleaved"},
+                     "rope_interleaved",
+                     # torch's (T, B, E) layout option: the NumPy core is batch-first.
+                     "batch_first",
+                     # nn.MultiheadAttention's extra keys; the NumPy core (and its
+                     # backward) has no counterpart yet.
+                     "add_bias_kv", "add_zero_attn"},
          dtype_defaults_differ=True),  # float64 like the NumPy core, torch's default float
     Twin("MultiHeadAttention call", attnlab.MultiHeadAttention.__call__,
          at.MultiHeadAttention.forward, numpy_only={"recorder"},
-         inputs=(("x", "context"), ("query", "key", "value"))),
+         inputs=(("x", "context", "value"), ("query", "key", "value"))),
     Twin("SelfAttentionLayer", attnlab.SelfAttentionLayer, at.SelfAttentionLayer,
          numpy_only={"scheme", "seed"},
          # RoPE, ALiBi and bias-free projections exist on the NumPy layer's attention only.

@@ -31,7 +31,7 @@ from ..trace import Recorder, Trace
 from .config import ACTIVATION, IGNORED_TENSORS, BertConfig, check_tensors
 from .fused import fusable, fused_encoder, fused_encoder_packed
 
-__all__ = ["BertModel"]
+__all__ = ["BertModel", "check_max_length"]
 
 
 class BertModel:
@@ -53,11 +53,8 @@ class BertModel:
         name: str = "bert",
     ):
         check_tensors(tensors, config, name)
-        if not 1 <= max_length <= config.max_position_embeddings:
-            raise AttnlabError(f"max_length: expected 1..{config.max_position_embeddings}, "
-                               f"got {max_length}")
-        self.config, self.tokenizer, self.max_length, self.name = (
-            config, tokenizer, max_length, name)
+        self.config, self.tokenizer, self.name = config, tokenizer, name
+        self.max_length = max_length  # checked, and handed to the tokenizer
         t = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()
              if k not in IGNORED_TENSORS}
         eps, H = config.layer_norm_eps, config.num_attention_heads
@@ -98,6 +95,17 @@ class BertModel:
             self.layers.append(EncoderBlock.from_parts(attn, norm1, ffn, norm2, norm="post"))
 
     # ---- tokenising ------------------------------------------------------------
+
+    @property
+    def max_length(self) -> int:
+        """Tokens kept per text (longer input is truncated); settable at any time."""
+        return self._max_length
+
+    @max_length.setter
+    def max_length(self, value: int) -> None:
+        self._max_length = check_max_length(value, self.config)
+        if self.tokenizer is not None:  # the tokenizer is what truncates
+            self.tokenizer.enable_truncation(max_length=self._max_length)
 
     def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
         """Token ids (B, T) padded with pad_token_id, attention mask (B, T) of 0/1, tokens."""
@@ -299,6 +307,18 @@ class BertModel:
         """Attention weights of every layer and head (L, H, T, T), and the tokens."""
         trace = self.run(text)
         return trace.attention(), trace.tokens
+
+
+def check_max_length(value: Any, config: BertConfig) -> int:
+    """``max_length``: an int in 1..max_position_embeddings (the model has no positions
+    beyond them)."""
+    limit = config.max_position_embeddings
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
+        1 <= value <= limit
+    ):
+        raise AttnlabError(f"max_length: expected an integer in 1..{limit} "
+                           f"(max_position_embeddings), got {value!r}")
+    return int(value)
 
 
 def _text_list(texts: Any) -> list[str]:

@@ -1,6 +1,6 @@
 """A fused fast path for a stack of post-LN BERT blocks, in reused float32 buffers.
 
-:func:`fused_encoder` computes what ``for block in blocks: x = block(x, mask)``
+:func:`fused_encoder` computes what ``for block in blocks: x = block(x, mask=mask)``
 computes, for blocks that :func:`fusable` accepts; its plain twin is the
 per-block forward of :class:`attnlab.nn.layers.EncoderBlock`, which
 :meth:`attnlab.models.BertModel.forward` falls back to (and which the tests
@@ -46,7 +46,7 @@ def fused_encoder(blocks: list[EncoderBlock], x: np.ndarray, mask: np.ndarray | 
     accepts::
 
         for block in blocks:
-            x = block(x, mask)   # LN2(h + FFN(h)), h = LN1(x + MHA(x, mask))
+            x = block(x, mask=mask)   # LN2(h + FFN(h)), h = LN1(x + MHA(x, mask))
 
     What changes is where results go and how rows are summed: one set of
     (B·T, E), (B·T, F) and (B, H, T, T) buffers for the whole stack instead of

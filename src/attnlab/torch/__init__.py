@@ -32,6 +32,9 @@ attnlab.torch                                      NumPy core
 
 ``to_torch_multihead`` / ``from_torch_multihead`` move parameters to and from
 ``torch.nn.MultiheadAttention`` (whose masks mean the opposite: True = blocked).
+:mod:`attnlab.torch.compat` speaks torch's conventions instead (a drop-in
+``nn.MultiheadAttention`` and ``F.scaled_dot_product_attention`` computed by
+attnlab); :mod:`attnlab.torch.models` holds MiniLM/BERT as a trainable module.
 
 Checks: by default only what metadata says (types, dtypes, shapes, devices,
 flags, scales), so a call costs what torch's own costs, never waits for the
