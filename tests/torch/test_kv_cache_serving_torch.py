@@ -103,3 +103,31 @@ def test_paged_errors_are_the_same(cache):
     c.free(a)
     with pytest.raises(AttnlabError, match=f"sequences: {a} is not a sequence of this cache"):
         c.attend([a], wrap(np.ones((1, 1, 1, 2))))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_storage_matches_the_numpy_twin(dtype):
+    # Both round the keys and values to the storage dtype (round to nearest even: the
+    # held keys must be identical) and compute in float32: 1e-6, float32 rounding in
+    # another order.
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    q, k, v = (a.astype(np.float32) for a in _data())
+    ours = at.KVCache(3, 2, 8, 6, dtype=getattr(torch, dtype))
+    twin = attnlab.KVCache(3, 2, 8, 6, dtype=dtype)
+    paged, paged_twin = at.PagedKVCache(16, 4, 2, 8, 6, dtype=getattr(torch, dtype)), \
+        attnlab.PagedKVCache(16, 4, 2, 8, 6, dtype=dtype)
+    ids = [paged.add_sequence() for _ in range(3)]
+    assert ids == [paged_twin.add_sequence() for _ in range(3)]
+    for rows in (slice(0, 6), slice(6, 7), slice(7, 14)):
+        a = ours.attend(_t(q[:, :, rows]), _t(k[:, :, rows]), _t(v[:, :, rows]))
+        b = twin.attend(q[:, :, rows], k[:, :, rows], v[:, :, rows])
+        assert a.dtype == torch.float32 and b.dtype == np.float32
+        np.testing.assert_allclose(a.numpy(), b, atol=1e-6, rtol=0)
+        a = paged.attend(ids, _t(q[:, :, rows]), _t(k[:, :, rows]), _t(v[:, :, rows]))
+        b = paged_twin.attend(ids, q[:, :, rows], k[:, :, rows], v[:, :, rows])
+        assert a.dtype == torch.float32
+        np.testing.assert_allclose(a.numpy(), b, atol=1e-6, rtol=0)
+    np.testing.assert_array_equal(ours.keys.float().numpy(), twin.keys.astype(np.float32))
+    np.testing.assert_array_equal(paged.keys(ids[1]).float().numpy(),
+                                  paged_twin.keys(ids[1]).astype(np.float32))

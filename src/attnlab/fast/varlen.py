@@ -490,9 +490,11 @@ def flash_varlen_attention(
     of the packed arrays (its heads as the batch dims, the key/value heads
     broadcast over their query heads, never copied): the most held at once is
     the output, one sequence's copy of v and a few block_q × block_k tiles.
-    Efficient implementation equivalent to :func:`varlen_attention`, with the
-    log-sum-exp of each query's scores (-inf for a query with nothing to
-    attend to), which :func:`flash_varlen_attention_backward` needs.
+    Efficient implementation equivalent to :func:`varlen_attention` (the same
+    ``is_causal``, ``window`` and ``softcap``; flash skips the tiles outside a
+    sequence's band), with the log-sum-exp of each query's scores (-inf for a
+    query with nothing to attend to), which :func:`flash_varlen_attention_backward`
+    needs.
     """
     inputs = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                  max_seqlen_k, is_causal=is_causal, scale=scale, window=window,

@@ -28,6 +28,10 @@ for the cache's dtype, and scores against the held keys that could overflow
 
 The caches are for inference: keys and values are stored detached (gradients
 flow to the queries of the current call only). Use the full forward to train.
+
+``dtype=torch.float16`` or ``torch.bfloat16`` stores keys and values in half the
+memory; attention is computed in float32 (``compute_dtype``) and returned in
+float32, as by the NumPy twins.
 """
 
 from __future__ import annotations
@@ -75,6 +79,10 @@ class _CacheBase:
         if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
             raise AttnlabError(f"dtype: expected a torch float dtype, got {dtype!r}")
         self.dtype: torch.dtype = dtype
+        #: The dtype attention is computed in: float32 for float16 / bfloat16 storage, as the
+        #: NumPy twin (which is what torch does on CPU); the storage keeps half the memory.
+        self.compute_dtype: torch.dtype = (
+            torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self._length = 0
 
@@ -130,14 +138,17 @@ class _CacheBase:
         return out
 
     def _check_q(self, q: Any, T: int | None) -> torch.Tensor:
-        """q (B, H, T, D) with H a multiple of Hkv (any T if None), in the cache's dtype."""
+        """q (B, H, T, D) with H a multiple of Hkv (any T if None), in the compute dtype."""
         q_t = as_float_tensor(q, "q")
         T = q_t.shape[2] if T is None and q_t.ndim == 4 else (T or 0)
         check_cache_query_shape(q_t.shape, self.batch, self.num_kv_heads, T, self.head_dim)
         self._check_device(q_t, "q")
         if debug.debug_checks_enabled():
             debug.check_finite([("q", q_t)])
-        return self._cast(q_t, "q") if q_t.dtype != self.dtype else q_t
+        if q_t.dtype == self.compute_dtype:
+            return q_t
+        return q_t.to(self.compute_dtype) if self.compute_dtype != self.dtype else self._cast(
+            q_t, "q")
 
     def _check_scores(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
         """Under debug_checks: refuse q whose scores with the held and the new keys could
@@ -168,6 +179,8 @@ def _grouped_attention(
     B, H, T, D = q.shape
     Hkv = keys.shape[1]
     G = H // Hkv
+    if keys.dtype != q.dtype:  # float16 / bfloat16 storage, computed in float32
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
     rows = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D); head h = g*G + j
     if allowed is not None and G > 1 and allowed.shape[-2] > 1:  # one row broadcasts as is
         reps = (1,) * (allowed.ndim - 2) + (G, 1)

@@ -66,6 +66,9 @@ class PagedKVCache:
         if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
             raise AttnlabError(f"dtype: expected a torch float dtype, got {dtype!r}")
         self.dtype: torch.dtype = dtype
+        #: The dtype attention is computed in: float32 for float16 / bfloat16 storage.
+        self.compute_dtype: torch.dtype = (
+            torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
         self.device = torch.device("cpu") if device is None else torch.device(device)
         for width in (self.head_dim, self.value_head_dim):
             check_alloc((self.num_blocks, self.num_kv_heads, self.block_size, width), self.dtype,
@@ -166,7 +169,7 @@ class PagedKVCache:
                                f"got {q_t.device}")
         if debug.debug_checks_enabled():
             debug.check_finite([("q", q_t)])
-        q_t = q_t.to(self.dtype)
+        q_t = q_t.to(self.compute_dtype)
         ids = check_sequence_ids(sequences, self._tables, B)
         scale_value = check_scale(scale, self.head_dim)
         lengths = np.array([self._lengths[s] + (0 if k_t is None else T) for s in ids],
@@ -175,8 +178,9 @@ class PagedKVCache:
         check_alloc((B, T, S), torch.bool, "the mask (B, T, max S_b)", "q")
         if k_t is not None and v_t is not None:
             self._write(ids, k_t, v_t)
-        keys = self._gather(lengths, ids, self._keys, S)  # (B, Hkv, S, D)
-        values = self._gather(lengths, ids, self._values, S)  # (B, Hkv, S, Dv)
+        keys = self._gather(lengths, ids, self._keys, S).to(self.compute_dtype)  # (B, Hkv, S, D)
+        values = self._gather(lengths, ids, self._values, S).to(
+            self.compute_dtype)  # (B, Hkv, S, Dv)
         allowed = torch.from_numpy(paged_allowed(lengths, T, S, is_causal).copy()).to(
             self.device)  # (B, T, S)
         H, Hkv = q_t.shape[1], self.num_kv_heads
