@@ -32,6 +32,11 @@ choose the defaults.
     .venv/bin/python benchmarks/bench_flash.py --threads 2 --causal
     .venv/bin/python benchmarks/bench_flash.py --long
     .venv/bin/python benchmarks/bench_flash.py --blocks 128x256 256x512 512x512
+    .venv/bin/python benchmarks/bench_flash.py --options --seq 2048
+
+``--options``: causal flash alone against causal flash with a soft cap, ALiBi
+slopes, top-left alignment and a window of 512 keys (whose skipped tiles make
+it faster), interleaved; the time of each as a multiple of causal's.
 """
 
 from __future__ import annotations
@@ -168,6 +173,34 @@ def block_sweep(args: argparse.Namespace) -> None:
     report(times, forward_flops(B, H, T, T, D, args.causal))
 
 
+def option_costs(args: argparse.Namespace) -> None:
+    """Flash's forward with each kernel option against plain causal flash, interleaved."""
+    B, H, T, D = 1, args.heads, args.seq, args.dim
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((B, H, T, D), dtype=np.float32) for _ in range(3))
+    slopes = (2.0 ** -np.arange(1, H + 1)).astype(np.float32)  # (H,)
+    options: dict[str, dict[str, object]] = {
+        "causal": {},
+        "causal + softcap=30": {"softcap": 30.0},
+        "causal + alibi_slopes (H,)": {"alibi_slopes": slopes},
+        "causal + top_left alignment": {"causal_alignment": "top_left"},
+        "causal + window=(511, 0)": {"window": (511, 0)},
+    }
+    contenders = {
+        name: (lambda extra=extra: flash_attention(q, k, v, is_causal=True,
+                                                   num_threads=args.threads, **extra))
+        for name, extra in options.items()
+    }
+    with threadpool_limits(limits=args.threads, user_api="blas"):
+        times = interleaved(contenders, args.repeats)
+    print(f"flash_attention forward with the kernel's options, float32, B={B} H={H} T=S={T} "
+          f"D={D}, {args.threads} thread(s), {args.repeats} interleaved runs")
+    report(times, forward_flops(B, H, T, T, D, True))
+    base = statistics.median(w for w, _ in times["causal"])
+    for name, runs in times.items():
+        print(f"  {name:34s} {statistics.median(w for w, _ in runs) / base:5.2f}x causal's time")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -179,8 +212,12 @@ def main() -> None:
     parser.add_argument("--long", action="store_true", help="T = S = --long-seq, one head")
     parser.add_argument("--long-seq", type=int, default=65536)
     parser.add_argument("--blocks", nargs="+", metavar="QxK", help="sweep tile sizes instead")
+    parser.add_argument("--options", action="store_true",
+                        help="the cost of softcap, ALiBi slopes, alignment and a window")
     args = parser.parse_args()
-    if args.long:
+    if args.options:
+        option_costs(args)
+    elif args.long:
         long_sequence(args)
     elif args.blocks:
         block_sweep(args)

@@ -127,7 +127,7 @@ def run_cpu(args: argparse.Namespace) -> None:
     ratios = []
     with torch_threads(args.threads):
         with torch.inference_mode():
-            check_close(ours(x, x, x), theirs(x, x, x, need_weights=False)[0], 1e-5, "MHA")
+            check_close(ours(x, x, x)[0], theirs(x, x, x, need_weights=False)[0], 1e-5, "MHA")
             # Here nn.MultiheadAttention takes its native fused fast path.
             ratios.append(compare(
                 "inference (torch.inference_mode): attnlab.torch.MultiHeadAttention vs "

@@ -30,6 +30,11 @@ and the ratio of medians per T. Outputs are checked to agree before timing.
     python benchmarks/bench_torch_sdpa.py                  # 1 thread, T = 128 .. 4096
     python benchmarks/bench_torch_sdpa.py --threads 2 --causal
     python benchmarks/bench_torch_sdpa.py --lengths 64 128 --batch 8 --debug-checks
+    python benchmarks/bench_torch_sdpa.py --lengths 64 256 1024 --mask padding --backward
+
+``--mask padding`` passes a (B, 1, 1, S) bool key-padding mask (the last quarter of the
+keys padded), ``--mask full`` a (B, H, T, S) bool mask, to both; ``--backward`` times
+forward + backward (the sum of the output, gradients for q, k and v).
 """
 
 from __future__ import annotations
@@ -103,6 +108,11 @@ def interleaved(
     return times["attnlab"], times["torch"]
 
 
+def torch_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               *, is_causal: bool) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
@@ -112,6 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--causal", action="store_true", help="is_causal=True for both")
+    parser.add_argument("--mask", choices=["none", "padding", "full"], default="none",
+                        help="a bool mask for both (default none)")
+    parser.add_argument("--backward", action="store_true", help="time forward + backward")
     parser.add_argument("--debug-checks", action="store_true",
                         help="time attnlab inside attnlab.torch.debug_checks()")
     parser.add_argument("--repeats", type=int, default=9, help="timed repeats (>= 5)")
@@ -125,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
 
     B, H, D = args.batch, args.heads, args.head_dim
     print(f"CPU: {cpu_name()}; torch {torch.__version__}; {args.threads} thread(s); float32; "
-          f"B={B}, H={H}, D={D}, is_causal={args.causal}, debug_checks={args.debug_checks}; "
+          f"B={B}, H={H}, D={D}, is_causal={args.causal}, mask={args.mask}, "
+          f"backward={args.backward}, debug_checks={args.debug_checks}; "
           f"median of {args.repeats} interleaved repeats")
     print(f"{'T = S':>6}  {'attnlab ms':>11}  {'torch ms':>9}  {'overhead us':>11}  "
           f"{'ratio':>6}  {'per-repeat ratios':>17}")
@@ -134,13 +148,27 @@ def main(argv: list[str] | None = None) -> None:
     worst = 0.0
     with torch_threads(args.threads), checks():
         for T in args.lengths:
-            q, k, v = (torch.randn(B, H, T, D, generator=gen) for _ in range(3))
+            q, k, v = (torch.randn(B, H, T, D, generator=gen).requires_grad_(args.backward)
+                       for _ in range(3))
+            mask = None
+            if args.mask == "padding":
+                mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
+                mask[..., T - T // 4:] = False  # (B, 1, 1, S): the last quarter padded
+            elif args.mask == "full":
+                mask = torch.rand(B, H, T, T, generator=gen) > 0.25  # (B, H, T, S)
+                mask[..., 0] = True  # no empty row, so that both define every output
 
-            def ours(q=q, k=k, v=v) -> object:
-                return at.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+            def run(fn: Callable[..., torch.Tensor], q=q, k=k, v=v, mask=mask) -> torch.Tensor:
+                out = fn(q, k, v, mask, is_causal=args.causal)
+                if args.backward:
+                    out.sum().backward()
+                return out
 
-            def theirs(q=q, k=k, v=v) -> object:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+            def ours(run=run) -> object:
+                return run(at.scaled_dot_product_attention)
+
+            def theirs(run=run) -> object:
+                return run(torch_sdpa)
 
             error = float((ours() - theirs()).abs().max())
             if error > 1e-5:

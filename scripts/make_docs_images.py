@@ -3,7 +3,8 @@
     .venv/bin/python scripts/make_docs_images.py
 
 Writes docs/heatmap-grid.png (every layer × head for one sentence), docs/explain.png
-(seed 000's example, 2 heads, Chinese labels) and docs/viewer.png (a screenshot of
+(seed 000's example, 2 heads, Chinese labels), docs/draw-flash.png (flash attention's
+tiles, step by step) and docs/viewer.png (a screenshot of
 the interactive viewer in headless Chromium, a token hovered).
 """
 
@@ -34,6 +35,9 @@ def main() -> None:
                         "--lang", "zh", "--out", str(explain_dir)], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         (DOCS / "explain.png").write_bytes((explain_dir / "heatmap.png").read_bytes())
+        subprocess.run([*attnlab, "draw", "flash", "--lang", "zh", "--out", tmp], check=True,
+                       stdout=subprocess.DEVNULL)
+        (DOCS / "draw-flash.png").write_bytes((Path(tmp) / "flash.png").read_bytes())
         shoot(Path(tmp) / "view.html", DOCS / "viewer.png")
 
 

@@ -16,9 +16,11 @@ from .fast.block_sparse import block_sparse_attention, block_sparse_mask
 from .fast.flash import FlashStats, flash_attention, flash_attention_backward, merge_partials
 from .fast.kv_cache import KVCache, SlidingWindowKVCache
 from .fast.lowrank import linformer_attention, nystrom_attention
+from .fast.paged_cache import PagedKVCache
 from .fast.performer import performer_attention
 from .fast.sparse import sliding_window_attention, sliding_window_mask
 from .init import init_qkv, init_weight, xavier_normal, xavier_uniform
+from .lens import grad_diagnostics
 from .lens.explain import explain, token_embeddings
 from .masks import (
     causal_mask,
@@ -53,6 +55,7 @@ __all__ = [
     "LayerNorm",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
+    "PagedKVCache",
     "Recorder",
     "RotaryEmbedding",
     "SelfAttentionLayer",
@@ -74,6 +77,7 @@ __all__ = [
     "from_blocked",
     "from_keep",
     "gelu",
+    "grad_diagnostics",
     "init_qkv",
     "init_weight",
     "layer_norm_backward",

@@ -86,7 +86,8 @@ def as_float_array(x: Any, name: str, *, allow_nonfinite: bool = False) -> np.nd
 
     - Python lists and integer arrays (the seeds write ``np.array([[1, 0, 1, 0], ...])``)
       become float64.
-    - float16 is computed in float32 (float16 sums overflow at 65504); float32 and
+    - float16 and bfloat16 (``ml_dtypes``) are computed in float32 (float16 sums
+      overflow at 65504; bfloat16 keeps 8 bits), as torch does on CPU; float32 and
       float64 are kept as they are.
     - bool, complex, object and string arrays are refused.
     - NaN or Inf is refused unless ``allow_nonfinite`` (it would otherwise spread
@@ -99,7 +100,7 @@ def as_float_array(x: Any, name: str, *, allow_nonfinite: bool = False) -> np.nd
         raise AttnlabError(f"{name}: expected a numeric array, got dtype bool")
     if np.issubdtype(arr.dtype, np.integer):
         arr = arr.astype(np.float64)
-    elif arr.dtype == np.float16:
+    elif arr.dtype == np.float16 or arr.dtype.name == "bfloat16":  # ml_dtypes' bfloat16
         arr = arr.astype(np.float32)
     elif not np.issubdtype(arr.dtype, np.floating) or arr.dtype.itemsize > 8:
         raise AttnlabError(

@@ -281,7 +281,8 @@ def alibi_bias(
     sizes = "num_heads, T" if S is None else "num_heads, T, S"  # to blame for a huge bias
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     out_dtype = float_dtype(dtype)
-    check_alloc((*slope_arr.shape, T, S), np.float64, "the bias (..., H, T, S)", sizes)
+    what = "the bias (H, T, S)" if slope_arr.ndim == 1 else "the bias (B, H, T, S)"
+    check_alloc((*slope_arr.shape, T, S), np.float64, what, sizes)
     query_positions = (S - T) + np.arange(T)  # (T,)
     key_positions = np.arange(S)  # (S,)
     distance = np.abs(query_positions[:, None] - key_positions[None, :])  # (T, S)

@@ -125,10 +125,11 @@ def check_score_elements(score_shape: Shape, hint: str) -> None:
 
 def check_module_inputs(
     query: Shape, key: Shape, value: Shape, E: int, Ekv: int,
-    names: tuple[str, str, str] = ("query", "key", "value"),
+    names: tuple[str, str, str] = ("query", "key", "value"), Ev: int | None = None,
 ) -> tuple[tuple[int, ...], int, int]:
     """Shapes of multi-head attention's inputs: query (B, T, E) or (T, E), key and value
-    (B, S, Ekv) or (S, Ekv) with the same batch; returns (lead, T, S), lead = (B,) or ()."""
+    (B, S, Ekv) or (S, Ekv) with the same batch (value (B, S, Ev) when ``Ev`` is given);
+    returns (lead, T, S), lead = (B,) or ()."""
     q_name, k_name, v_name = names
     if len(query) not in (2, 3) or int(query[-1]) != E:
         raise ShapeError(
@@ -137,16 +138,18 @@ def check_module_inputs(
         )
     lead = tuple(int(n) for n in query[:-2])
     lead_str = f"{lead[0]}, " if lead else ""
-    for name, shape in ((k_name, key), (v_name, value)):
-        if len(shape) != len(query) or tuple(shape[:-2]) != lead or int(shape[-1]) != Ekv:
+    v_width, v_what = (Ekv, "d_context") if Ev is None else (Ev, "d_value_context")
+    for name, shape, width, what in ((k_name, key, Ekv, "d_context"),
+                                     (v_name, value, v_width, v_what)):
+        if len(shape) != len(query) or tuple(shape[:-2]) != lead or int(shape[-1]) != width:
             raise ShapeError(
-                f"{name}: expected ({lead_str}S, {Ekv}) to match {q_name}'s batch and "
-                f"d_context = {Ekv}, got {shape_str(shape)}"
+                f"{name}: expected ({lead_str}S, {width}) to match {q_name}'s batch and "
+                f"{what} = {width}, got {shape_str(shape)}"
             )
     S = int(key[-2])
     if int(value[-2]) != S:
         raise ShapeError(
-            f"{v_name}: expected ({lead_str}{S}, {Ekv}) to match {k_name}'s length, "
+            f"{v_name}: expected ({lead_str}{S}, {v_width}) to match {k_name}'s length, "
             f"got {shape_str(value)}"
         )
     return lead, int(query[-2]), S

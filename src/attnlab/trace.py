@@ -121,7 +121,8 @@ class Trace:
     def output(self) -> np.ndarray:
         """The final output of the computation (the last output-like step)."""
         for step in reversed(self.steps):
-            if step.key in ("projected", "concat") or (step.key == "output" and step.head is None):
+            if step.key in ("normed", "residual", "projected", "concat") or (
+                    step.key == "output" and step.head is None):
                 return step.values
         return self.get("output").values
 

@@ -27,6 +27,7 @@ float32 ulp at 1) for the gradient sums.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -411,3 +412,186 @@ def test_bad_options_are_named(kwargs, message):
             flash_attention(q, k, v, **kwargs)
     with pytest.raises(AttnlabError, match=message):
         at.scaled_dot_product_attention(*(torch.tensor(a) for a in (q, k, v)), **kwargs)
+
+
+# ------------------------------------------------------------ the README's window table
+# Each row: the peer's own mask, built as its code builds it, against attnlab's setting;
+# then attention with attnlab's window against attention with the peer's mask.
+
+def hf_current(T, S, W):  # transformers sliding_window_overlay & causal: kv > q - W, kv <= q
+    q_idx, kv_idx = np.arange(T)[:, None] + (S - T), np.arange(S)[None, :]
+    return (kv_idx > q_idx - W) & (kv_idx <= q_idx)
+
+
+def hf_old(T, S, W):  # AttentionMaskConverter._make_causal_mask(sliding_window=W), 0 = attend
+    past = S - T
+    causal = np.arange(S)[None, :] <= np.arange(T)[:, None] + past
+    context = np.tril(np.ones((T, S), dtype=bool), k=past - W - 1)
+    return causal & ~context
+
+
+def hf_bidirectional(T, S, W):  # |q - kv| <= W, positions aligned at the end
+    return np.abs(np.arange(T)[:, None] + (S - T) - np.arange(S)[None, :]) <= W
+
+
+def fa_window_size(T, S, left, right, causal):  # construct_local_mask, right = 0 if causal
+    return ~fa_local_mask(T, S, (left, 0 if causal else right))[0, 0]
+
+
+def jax_local_window(T, S, window):  # jax.nn.dot_product_attention's _apply_masks
+    left, right = (window, window) if isinstance(window, int) else window
+    qpos, kpos = np.arange(T)[:, None], np.arange(S)[None, :]
+    return (qpos <= kpos + left) & (qpos >= kpos - right)
+
+
+def mistral_reference(T, W):  # one_file_ref.py: triu(tril(ones, 0), -sliding_window)
+    return np.triu(np.tril(np.ones((T, T), dtype=bool), 0), -W)
+
+
+README_ROWS = [
+    ("hf current", lambda T, S: hf_current(T, S, 4), dict(window=4, is_causal=True)),
+    ("hf current as a pair", lambda T, S: hf_current(T, S, 4),
+     dict(window=(3, 0), is_causal=True)),
+    ("hf old", lambda T, S: hf_old(T, S, 4), dict(window=(4, 0), is_causal=True)),
+    ("hf bidirectional", lambda T, S: hf_bidirectional(T, S, 3), dict(window=(3, 3))),
+    ("flash_attn", lambda T, S: fa_window_size(T, S, 5, 2, False), dict(window=(5, 2))),
+    ("flash_attn causal", lambda T, S: fa_window_size(T, S, 5, 2, True),
+     dict(window=(5, 2), is_causal=True)),
+    ("jax pair", lambda T, S: jax_local_window(T, S, (2, 3)),
+     dict(window=(2, 3), causal_alignment="top_left")),
+    ("jax int", lambda T, S: jax_local_window(T, S, 2),
+     dict(window=(2, 2), causal_alignment="top_left")),
+    # Mistral's reference builds the square prefill mask; T new queries are its last T rows.
+    ("mistral", lambda T, S: mistral_reference(S, 4)[S - T:], dict(window=(4, 0), is_causal=True)),
+]
+
+
+@pytest.mark.parametrize("T,S", [(12, 12), (7, 15)])
+@pytest.mark.parametrize("name,peer_mask,options", README_ROWS, ids=[r[0] for r in README_ROWS])
+def test_readme_window_table(name, peer_mask, options, T, S):
+    peer = peer_mask(T, S)
+    ours = window_mask(T, S, **options)
+    assert np.array_equal(ours, peer), f"{name}: attnlab's {options} is not the peer's mask"
+    q, k, v, _ = qkv(T + S, 1, 2, 2, T, S)
+    expected = attnlab.scaled_dot_product_attention(q, k, v, peer)
+    for out in (attnlab.scaled_dot_product_attention(q, k, v, **options),
+                flash_attention(q, k, v, **BLOCKS, **options),
+                at.scaled_dot_product_attention(*(torch.tensor(a) for a in (q, k, v)),
+                                                **options).numpy()):
+        assert_close(out, expected, atol=F64_TOL, what=name)
+
+
+# ------------------------------------------------------------------------------ bfloat16
+# NumPy bfloat16 (ml_dtypes) is computed in float32 and returned as bfloat16, as torch
+# does on CPU. The golden is float64 on the same bfloat16 values; torch's own bfloat16
+# F.scaled_dot_product_attention (and autograd) is the baseline of the 2x rule.
+
+@pytest.mark.parametrize("options", [dict(is_causal=True), dict(window=(5, 3), softcap=4.0)],
+                         ids=["causal", "window+softcap"])
+def test_bfloat16_inputs_compute_in_float32_like_torch_on_cpu(options):
+    bf16 = ml_dtypes.bfloat16  # a test extra, pinned in constraints.txt
+    q, k, v, dout = (a.astype(bf16) for a in qkv(17, 2, 4, 4, 33, 40, D=16, Dv=16))
+    wide = [a.astype(np.float64) for a in (q, k, v, dout)]
+    golden = attnlab.scaled_dot_product_attention(*wide[:3], **options)
+    g_golden = sdpa_backward(*wide, **options)[:3]
+    tq, tk, tv = (torch.tensor(a.astype(np.float32)).to(torch.bfloat16).requires_grad_()
+                  for a in (q, k, v))
+    t_options = dict(options)
+    mask = torch.tensor(window_mask(33, 40, window=options.get("window"),
+                                    is_causal=options.get("is_causal", False)))
+    if "softcap" in options:  # torch has no soft cap: the formula in bfloat16 ops
+        s = tq @ tk.transpose(-1, -2) / 4.0
+        s = (torch.tanh(s / 4.0) * 4.0).masked_fill(~mask, float("-inf"))
+        peer = torch.softmax(s, dim=-1) @ tv
+    else:
+        peer = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask)
+    (peer.float() * torch.tensor(dout.astype(np.float32))).sum().backward()
+    for name, out in (("plain", attnlab.scaled_dot_product_attention(q, k, v, **options)),
+                      ("flash", flash_attention(q, k, v, **BLOCKS, **options))):
+        assert out.dtype == bf16, name
+        assert_two_x_rule(out, peer.detach().float().numpy(), golden, what=name)
+        # computed in float32: at most one rounding to bfloat16 away from the golden
+        ulp = np.abs(golden) * 2.0**-8 + 1e-30
+        assert np.all(np.abs(out.astype(np.float64) - golden) <= ulp), name
+    grads = sdpa_backward(q, k, v, dout, **t_options)[:3]
+    for label, g, t, gold in zip("qkv", grads, (tq, tk, tv), g_golden, strict=True):
+        assert g.dtype == bf16
+        assert_two_x_rule(g, t.grad.float().numpy(), gold, what=f"d{label}")
+
+
+# ------------------------------------------------------------------------- the KV caches
+# Dao-AILab/flash-attention:tests/test_flash_attn.py::test_flash_attn_kvcache (local=True,
+# softcap): cached decoding (a prefill chunk, then one token at a time) equals the full
+# forward with the same options, in both twins.
+
+@pytest.mark.parametrize("options", [dict(softcap=0.7), dict(window=(3, 0)),
+                                     dict(window=4, softcap=2.0)], ids=["softcap", "window",
+                                                                        "both"])
+def test_kv_cache_attend_takes_softcap_and_window(options):
+    B, H, Hkv, T, D = 2, 4, 2, 12, 8
+    q, k, v, _ = qkv(31, B, H, Hkv, T, T, D=D, Dv=D)
+    full = attnlab.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
+                                                **options)
+    steps = [slice(0, 5)] + [slice(i, i + 1) for i in range(5, T)]
+    cache, t_cache = attnlab.KVCache(B, Hkv, D), at.KVCache(B, Hkv, D, dtype=torch.float64)
+    out = np.concatenate([cache.attend(q[:, :, s], k[:, :, s], v[:, :, s], **options)
+                          for s in steps], axis=2)
+    t_out = torch.cat([t_cache.attend(*(torch.tensor(a[:, :, s]) for a in (q, k, v)), **options)
+                       for s in steps], dim=2)
+    assert_close(out, full, atol=F64_TOL, what="KVCache")
+    assert_close(t_out.numpy(), full, atol=F64_TOL, what="attnlab.torch KVCache")
+
+
+def test_sliding_window_cache_takes_softcap():
+    B, H, Hkv, T, D, W = 2, 4, 2, 12, 8, 4
+    q, k, v, _ = qkv(32, B, H, Hkv, T, T, D=D, Dv=D)
+    full = attnlab.scaled_dot_product_attention(q, k, v, window=W, is_causal=True,
+                                                enable_gqa=True, softcap=0.5)
+    steps = [slice(0, 6)] + [slice(i, i + 1) for i in range(6, T)]
+    cache = attnlab.SlidingWindowKVCache(B, Hkv, D, window=W)
+    t_cache = at.SlidingWindowKVCache(B, Hkv, D, window=W, dtype=torch.float64)
+    out = np.concatenate([cache.attend(q[:, :, s], k[:, :, s], v[:, :, s], softcap=0.5)
+                          for s in steps], axis=2)
+    t_out = torch.cat([t_cache.attend(*(torch.tensor(a[:, :, s]) for a in (q, k, v)),
+                                      softcap=0.5) for s in steps], dim=2)
+    assert_close(out, full, atol=F64_TOL, what="SlidingWindowKVCache")
+    assert_close(t_out.numpy(), full, atol=F64_TOL, what="attnlab.torch SlidingWindowKVCache")
+
+
+# ------------------------------------------------------------------- multi-head attention
+# Gemma 2's attention: the soft cap on the logits of every head, inside the module.
+
+def test_multi_head_attention_takes_softcap_in_both_twins():
+    num_heads, d_model, T = 4, 16, 9
+    mha = attnlab.MultiHeadAttention.init(num_heads, d_model, seed=0)
+    x = np.random.default_rng(5).standard_normal((2, T, d_model)) * 3
+    out, weights = mha(x, is_causal=True, softcap=1.0, return_weights=True)
+    # the formula by hand on the module's own projections
+    q, k, v = mha.project(x, x)
+    k = mha.expand_kv(k)
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    s = np.where(attnlab.causal_mask(T), np.tanh(s), -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    assert_close(weights, w, atol=F64_TOL, what="weights")
+    t_mha = at.MultiHeadAttention.from_numpy(mha)
+    xt = torch.tensor(x)
+    t_out, _ = t_mha(xt, xt, xt, is_causal=True, softcap=1.0)
+    assert_close(t_out.detach().numpy(), out, atol=F64_TOL, what="torch twin")
+    plain, _ = mha(x, is_causal=True)
+    assert np.abs(plain - out).max() > 1e-3  # the cap changes the result at these scales
+
+
+def test_torch_lse_is_differentiable_by_autograd():
+    # d lse_i / d q_i = scale · Σ_j P_ij k_j (the softmax's mean key); a row with nothing to
+    # attend to has lse -inf and passes no gradient.
+    q, k, v, _ = qkv(40, 1, 2, 2, 5, 7)
+    mask = np.ones((5, 7), bool)
+    mask[3] = False
+    tq = torch.tensor(q, requires_grad=True)
+    _, lse = at.scaled_dot_product_attention(tq, torch.tensor(k), torch.tensor(v),
+                                             torch.tensor(mask), return_lse=True)
+    lse.masked_fill(torch.isneginf(lse), 0.0).sum().backward()
+    _, weights, _ = reference_attention(q, k, v, mask)
+    expected = weights @ k / np.sqrt(q.shape[-1])
+    assert_close(tq.grad.numpy(), expected, atol=F64_GRAD_TOL, what="d lse / d q")

@@ -526,13 +526,14 @@ def test_backward_vs_autograd(mask_kind, impl):
 def _mha_outputs(impl, module, query, key, *, mask=None, bias=None, key_padding=None):
     """attnlab's output and per-head weights for nn.MultiheadAttention's (batch-first) inputs."""
     twin = at.from_torch_multihead(module).eval()
+    twin.batch_first = True  # the module's layout is (T, B, E); these inputs are batch-first
     if impl == "torch":
-        out, w = twin(query, key, key, mask, key_padding=key_padding, bias=bias,
+        out, w = twin(query, key, key, mask=mask, key_padding=key_padding, bias=bias,
                       return_weights=True)
         return _np(out), _np(w)
     core = twin.to_numpy()
     context = None if key is query else _np(key)
-    out, w = core(_np(query), context, None if mask is None else _np(mask),
+    out, w = core(_np(query), context, mask=None if mask is None else _np(mask),
                   key_padding=None if key_padding is None else _np(key_padding),
                   bias=None if bias is None else _np(bias), return_weights=True)
     return out, w
@@ -695,13 +696,14 @@ def test_is_causal_all_ones(impl):
         module.in_proj_weight.fill_(1.0)
         module.out_proj.weight.fill_(1.0)
     twin = at.from_torch_multihead(module).eval()
+    twin.batch_first = True  # the module's layout is (T, B, E); these inputs are batch-first
     x = torch.ones(L, S, E)  # batch-first
     if impl == "torch":
-        out = _np(twin(x, x, x, is_causal=True))
+        out = _np(twin(x, x, x, is_causal=True)[0])
     else:
-        out = twin.to_numpy()(_np(x), is_causal=True)
+        out = twin.to_numpy()(_np(x), is_causal=True)[0]
     assert np.array_equal(out, np.full((L, S, E), 16.0, dtype=np.float32))
     x3 = torch.ones(2, 3, E)  # longer sequences: still 16 everywhere under the causal mask
-    out3 = _np(twin(x3, x3, x3, is_causal=True)) if impl == "torch" else \
-        twin.to_numpy()(_np(x3), is_causal=True)
+    out3 = _np(twin(x3, x3, x3, is_causal=True)[0]) if impl == "torch" else \
+        twin.to_numpy()(_np(x3), is_causal=True)[0]
     assert_close(out3, np.full((2, 3, E), 16.0), atol=16 * F32_REL, what="T = 3")

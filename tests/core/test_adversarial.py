@@ -81,7 +81,7 @@ HUGE = [
     (lambda: attnlab.block_sparse_mask(10**6, 64), r"T: the block-sparse mask \(T, S\)"),
     (lambda: attnlab.fast.block_sparse.bigbird_layout(10**6),
      r"num_blocks: the block layout \(n, n\)"),
-    (lambda: attnlab.alibi_bias(8, 10**5), r"num_heads, T: the bias \(\.\.\., H, T, S\)"),
+    (lambda: attnlab.alibi_bias(8, 10**5), r"num_heads, T: the bias \((B, )?H, T, S\)"),
     (lambda: attnlab.alibi_slopes(10**10), r"num_heads: the slopes \(H,\)"),
     (lambda: attnlab.sinusoidal_encoding(10**9, 512), r"max_len, d_model: the table"),
     (lambda: attnlab.SinusoidalPositionalEncoding(512, 10**9), r"max_len, d_model: the table"),

@@ -57,7 +57,7 @@ def test_multi_head_causal_trace_matches_multihead_attention():
     np.testing.assert_array_equal(np.triu(weights, 1), 0.0)
     X, Wq, Wk, Wv = (trace.get(k).values for k in ("X", "Wq", "Wk", "Wv"))
     mha = attnlab.MultiHeadAttention(Wq, Wk, Wv, np.eye(6), num_heads=2)
-    np.testing.assert_allclose(trace.get("concat").values, mha(X, is_causal=True), atol=1e-12)
+    np.testing.assert_allclose(trace.get("concat").values, mha(X, is_causal=True)[0], atol=1e-12)
 
 
 def test_output_projection_with_wo():
@@ -87,7 +87,7 @@ def test_text_in_english_and_chinese():
     weights_block = en.split("Attention weights")[1].split("Step")[0]
     assert weights_block.count("1.0000") >= 3
     # Chinese punctuation in the Chinese text: full-width colon and brackets.
-    assert "词：小明 | 去了 | 学校" in zh
+    assert "词元：小明 | 去了 | 学校" in zh
 
 
 def test_text_tables_line_up_with_cjk_tokens():
@@ -131,10 +131,12 @@ def test_summary_names_the_most_attended_token_per_head():
         assert f"head {h + 1}: " + "   ".join(pairs) in en
         assert f"第 {h + 1} 个头：" + "   ".join(pairs) in zh
         assert f"- 第 {h + 1} 个头：" + " · ".join(pairs) in md
-    assert en.splitlines()[-4] == "== Summary =="
+    lines = en.splitlines()
+    assert lines[lines.index("== Summary ==") + 4] == ""  # note line + two heads, then notes
     assert "小明 → 小明 (1.0000)" in zh  # causal: the first token can only see itself
     one_head = to_text(explain(), "en").splitlines()
-    assert one_head[-1].startswith("  word1 → ")  # one head: no head label
+    summary = one_head.index("== Summary ==")
+    assert one_head[summary + 2].startswith("  word1 → ")  # one head: no head label
 
 
 def test_json_roundtrip_and_minus_inf_as_null():
@@ -158,7 +160,7 @@ def test_markdown_has_one_table_per_step_and_escapes_tokens():
     trace = explain(tokens=["a|b", "<i>", "c"])
     md = to_markdown(trace, "en")
     assert md.count("\n## Step ") == len(trace)
-    assert md.count("\n## ") == len(trace) + 1 and "\n## Summary\n" in md
+    assert md.count("\n## ") == len(trace) + 2 and "\n## Summary\n" in md and "\n## Notes\n" in md
     assert "a\\|b" in md and "&lt;i&gt;" in md and "<i>" not in md
     assert "| row sums |" in md
 
@@ -172,8 +174,8 @@ def test_explain_validation():
         explain(X=np.ones(4))
     with pytest.raises(AttnlabError, match="num_heads: expected an integer >= 1, got 0"):
         explain(num_heads=0)
-    with pytest.raises(AttnlabError, match="Wo: only used with num_heads > 1"):
-        explain(Wo=np.eye(3))
+    with pytest.raises(ShapeError, match=r"Wo: expected \(H\*d_k, E_out\) = \(3, E_out\)"):
+        explain(Wo=np.eye(4))
     with pytest.raises(AttnlabError, match="lang: expected 'en' or 'zh', got 'fr'"):
         to_text(explain(), "fr")  # type: ignore[arg-type]
     with pytest.raises(AttnlabError, match="key: expected one of"):

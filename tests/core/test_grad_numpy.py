@@ -198,7 +198,7 @@ def gqa_cross_attention(rng: np.random.Generator) -> MultiHeadAttention:
 
 def check_mha_against_fd(mha, x, G, context=None, **kwargs):
     def loss() -> float:
-        return float(np.sum(mha(x, context, **kwargs) * G))
+        return float(np.sum(mha(x, context, **kwargs)[0] * G))
 
     grads = mha_backward(mha, x, G, context, **kwargs)
     assert list(grads.params) == list(mha.parameters())
@@ -238,7 +238,7 @@ def test_mha_self_attention_causal_with_bias(rng):
     grads = check_mha_against_fd(mha, x, G, bias=bias, is_causal=True)
 
     def loss() -> float:
-        return float(np.sum(mha(x, bias=bias, is_causal=True) * G))
+        return float(np.sum(mha(x, bias=bias, is_causal=True)[0] * G))
 
     numeric = numeric_grad(loss, bias)
     assert grads.dbias is not None and grads.dbias.shape == (2, 4, 4)

@@ -105,7 +105,7 @@ def test_cached_layer_equals_multihead_forward_with_rope(dtype, rope):
     rng = np.random.default_rng(1)
     mha = MultiHeadAttention.init(8, 32, num_kv_heads=2, rope=rope, seed=3, dtype=dtype)
     x = rng.standard_normal((2, 19, 32)).astype(dtype)
-    expected = mha(x, is_causal=True)
+    expected, _ = mha(x, is_causal=True)
     cache = KVCache(2, 2, 4, dtype=dtype)
     outs, start = [], 0
     for size in [6, 1, 1, 4, 1, 6]:
@@ -126,7 +126,7 @@ def test_rope_positions_matter():
     rng = np.random.default_rng(2)
     mha = MultiHeadAttention.init(2, 16, rope=True, seed=0)
     x = rng.standard_normal((1, 6, 16))
-    expected = mha(x, is_causal=True)[:, -1]
+    expected = mha(x, is_causal=True)[0][:, -1]
     cache = KVCache(1, 2, 8)
     q, k, v = mha.project(x[:, :5], x[:, :5])
     cache.attend(mha.rope(q, np.arange(5)), mha.rope(k, np.arange(5)), v)
@@ -318,7 +318,7 @@ def test_sliding_window_with_rope_follows_absolute_positions():
     W = 5
     mha = MultiHeadAttention.init(4, 16, num_kv_heads=2, rope=True, seed=1)
     x = rng.standard_normal((1, 30, 16))
-    expected = mha(x, mask=sliding_window_mask(30, W, is_causal=True, S=30), is_causal=True)
+    expected, _ = mha(x, mask=sliding_window_mask(30, W, is_causal=True, S=30), is_causal=True)
     cache = SlidingWindowKVCache(1, 2, 4, window=W)
     outs, start = [], 0
     for size in [11, 1, 1, 8, 1, 1, 6, 1]:

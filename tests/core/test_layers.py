@@ -252,7 +252,7 @@ def test_layers_with_same_seed_give_same_training_outputs():
         (lambda: SelfAttentionLayer(8, 2, seed=-1), "rng: expected an int seed >= 0, got -1"),
         (lambda: SelfAttentionLayer(8, 2)(np.ones((2, 3, 6))), re.escape("x: expected (B, T, 8)")),
         (
-            lambda: SelfAttentionLayer(8, 2)(np.ones((2, 3, 8)), np.ones((3, 3))),
+            lambda: SelfAttentionLayer(8, 2)(np.ones((2, 3, 8)), mask=np.ones((3, 3))),
             "mask: expected a bool array",
         ),
         (lambda: EncoderBlock(8, 2, 16, activation="tanh"), "activation: expected one of"),

@@ -44,7 +44,7 @@ def test_seed000_multi_head_is_explain_with_stacked_heads():
     trace = attnlab.explain(SEED_000_X, Wq=Wq, Wk=Wk, Wv=Wv, num_heads=4)
     np.testing.assert_allclose(trace.get("concat").values, expected, atol=1e-12)
     mha = attnlab.MultiHeadAttention(Wq, Wk, Wv, np.eye(12), num_heads=4)
-    np.testing.assert_allclose(mha(SEED_000_X), expected, atol=1e-12)
+    np.testing.assert_allclose(mha(SEED_000_X)[0], expected, atol=1e-12)
 
 
 def test_seed000_mask_convention_converts():

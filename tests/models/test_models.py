@@ -139,7 +139,7 @@ def test_encode_batches_by_token_count(model, monkeypatch):
     forward = model.forward
     monkeypatch.setattr(model, "forward", lambda ids, real: shapes.append(ids.shape)
                         or forward(ids, real))
-    out = model.encode(texts, batch_size=2)
+    out = model.encode(texts, batch_size=2, pack=False)  # padded batches go through forward
     assert shapes == [(2, counts[by_tokens[0]]), (2, counts[by_tokens[2]])]
     np.testing.assert_allclose(out, model.encode(texts, batch_size=1), rtol=0, atol=1e-6)
 
@@ -194,7 +194,7 @@ def plain_forward(model: BertModel, ids: np.ndarray, real: np.ndarray) -> np.nda
     x = model.embed(ids)  # (B, T, E)
     mask = real.astype(bool)[:, None, None, :]  # (B, 1, 1, T)
     for layer in model.layers:
-        x = layer(x, mask)  # (B, T, E)
+        x = layer(x, mask=mask)  # (B, T, E)
     return x
 
 
@@ -233,6 +233,68 @@ def test_fused_forward_on_any_bert_and_its_fallback(tiny_dir):
     model.layers[1].norm = "pre"
     np.testing.assert_allclose(model.forward(ids, real), plain_forward(model, ids, real),
                                rtol=0, atol=1e-6)  # the very same plain blocks
+
+
+def pack(ids: np.ndarray, real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A padded (B, T) batch as packed ids (N,) and cu_seqlens (B + 1,)."""
+    keep = real.astype(bool)
+    return ids[keep], np.concatenate([[0], np.cumsum(keep.sum(axis=1))])
+
+
+def each_alone(model: BertModel, ids: np.ndarray, real: np.ndarray) -> list[np.ndarray]:
+    """Each sequence alone (no padding, no mask) through the plain blocks: (T_b, E) each."""
+    return [plain_forward(model, row[keep.astype(bool)][None], keep[keep.astype(bool)][None])[0]
+            for row, keep in zip(ids, real, strict=True)]
+
+
+def test_packed_forward_equals_each_sequence_alone_and_the_padded_batch(model):
+    ids, real, _ = model.tokenize(TEXTS[:12])  # lengths 3 .. 19: padding in most rows
+    packed_ids, cu = pack(ids, real)
+    packed = model.forward_packed(packed_ids, cu)  # (N, E)
+    assert packed.shape == (real.sum(), 384)
+    # Tolerance: assert_same_real_rows's 2e-5 (float32 rounding in another order).
+    alone = each_alone(model, ids, real)
+    np.testing.assert_allclose(packed, np.concatenate(alone), rtol=0, atol=2e-5)
+    padded = model.forward(ids, real)
+    np.testing.assert_allclose(packed, padded[real.astype(bool)], rtol=0, atol=2e-5)
+
+
+def test_packed_encode_equals_padded_encode(model, monkeypatch):
+    padded = model.encode(TEXTS, batch_size=7, pack=False)
+    rows = []
+    forward_packed = model.forward_packed
+    monkeypatch.setattr(model, "forward", None)  # packing never pads: forward is not called
+    monkeypatch.setattr(model, "forward_packed", lambda ids, cu: rows.append(ids.shape[0])
+                        or forward_packed(ids, cu))
+    packed = model.encode(TEXTS, batch_size=7)
+    np.testing.assert_allclose(packed, padded, rtol=0, atol=1e-6)  # float32 rounding only
+    lengths = [len(e.ids) for e in model.tokenizer.encode_batch(TEXTS)]
+    assert sum(rows) == sum(lengths) and len(rows) == -(-len(TEXTS) // 7)  # real tokens only
+
+
+def test_packed_forward_fallback_runs_each_sequence_through_the_blocks(tiny_dir):
+    model = load_bert(tiny_dir)
+    ids, real, _ = model.tokenize(["小明去了学校", "hi", "a longer sentence to pad the rest"])
+    packed_ids, cu = pack(ids, real)
+    fused = model.forward_packed(packed_ids, cu)
+    np.testing.assert_allclose(fused, np.concatenate(each_alone(model, ids, real)), rtol=0,
+                               atol=2e-5)
+    model.layers[1].norm = "pre"  # not fusable: the plain blocks themselves
+    np.testing.assert_allclose(model.forward_packed(packed_ids, cu),
+                               np.concatenate(each_alone(model, ids, real)), rtol=0, atol=1e-6)
+
+
+def test_packed_forward_bad_arguments(model):
+    ids = np.array([101, 2000, 102, 101, 102])
+    with pytest.raises(ValueError, match="cu_seqlens: expected the last entry to equal "
+                                         r"input_ids.shape\[0\] = 5 .*got 4"):
+        model.forward_packed(ids, [0, 3, 4])
+    with pytest.raises(ValueError, match="cu_seqlens: expected non-decreasing"):
+        model.forward_packed(ids, [0, 3, 2, 5])
+    with pytest.raises(ValueError, match=r"input_ids: expected integer \(N,\)"):
+        model.forward_packed(ids[None], [0, 5])
+    with pytest.raises(ValueError, match="pack: expected True or False"):
+        model.encode(["a"], pack="yes")
 
 
 def test_fused_softmax_falls_back_when_a_row_lies_far_below_its_block():

@@ -20,4 +20,5 @@ def test_save_writes_all_outputs(tmp_path):
 
 def test_single_head_heatmap_has_seed000_title():
     figure = plot(explain(), lang="zh")
-    assert figure.axes[0].get_title() == "注意力权重热图"
+    titles = [ax.get_title() for ax in figure.axes]
+    assert titles[0] == "注意力分数 Q·Kᵀ" and "注意力权重热图" in titles

@@ -136,7 +136,7 @@ def test_profiled_layers_are_the_blocks_themselves(norm):
     mask = real[:, None, None, :]  # (B, 1, 1, T)
     expected = x
     for layer in layers:
-        expected = layer(expected, mask)
+        expected = layer(expected, mask=mask)
     timer = PartTimer()
     got = profiled_layers(layers, x, mask, timer=timer)
     assert got.dtype == np.float64

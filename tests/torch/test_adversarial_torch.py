@@ -80,8 +80,8 @@ def test_torch_multihead_takes_a_1d_mask_without_weights():
     torch.manual_seed(0)
     mha = at.MultiHeadAttention(2, 8, dtype=torch.float64)
     x, mask = torch.randn(2, 5, 8, dtype=torch.float64), torch.tensor([True, False] * 2 + [True])
-    out = mha(x, x, x, mask, return_weights=False)
-    with_weights, _ = mha(x, x, x, mask, return_weights=True)
+    out, _ = mha(x, x, x, mask=mask, return_weights=False)
+    with_weights, _ = mha(x, x, x, mask=mask, return_weights=True)
     torch.testing.assert_close(out, with_weights, rtol=1e-12, atol=1e-12)  # float64, two paths
 
 

@@ -57,7 +57,7 @@ SHAPE_INFERENCE = {
     "sdpa-weights": lambda: at.scaled_dot_product_attention(
         meta(2, 4, 3, 8), meta(2, 4, 5, 8), meta(2, 4, 5, 6), return_weights=True)[1],
     "mha": lambda: at.MultiHeadAttention(4, 16, device="meta")(meta(2, 3, 16), meta(2, 5, 16),
-                                                              meta(2, 5, 16), is_causal=True),
+                                                              meta(2, 5, 16), is_causal=True)[0],
     "layer": lambda: at.SelfAttentionLayer(16, 4, device="meta")(meta(2, 3, 16)),
     "softmax": lambda: at.softmax(meta(2, 3)),
     "rope": lambda: at.apply_rope(meta(2, 3, 8), torch.arange(3, device="meta")),

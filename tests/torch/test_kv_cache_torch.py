@@ -92,7 +92,7 @@ def test_torch_cache_with_torch_multihead_rope():
     mha = at.MultiHeadAttention(4, 16, num_kv_heads=2, rope=True, dtype=torch.float64)
     x = torch.randn(2, 17, 16, dtype=torch.float64)
     with torch.inference_mode():
-        expected = mha(x, x, x, is_causal=True)
+        expected, _ = mha(x, x, x, is_causal=True)
         cache = at.KVCache(2, 2, 4, dtype=torch.float64)
         outs, start = [], 0
         for size in [5, 1, 1, 9, 1]:

@@ -162,7 +162,7 @@ def test_self_attention_layer_matches_torch_composition(norm, masking):
 
     key_padding = random_key_padding(B, T)
     if masking == "key_padding":
-        ours = layer(x, key_padding[:, None, None, :])  # (B, 1, 1, S) broadcasts to (B, H, T, S)
+        ours = layer(x, mask=key_padding[:, None, None, :])  # (B, 1, 1, S) -> (B, H, T, S)
     else:
         ours = layer(x, is_causal=True)
 
@@ -212,7 +212,7 @@ def test_encoder_block_matches_torch_transformer_encoder_layer(norm, activation)
     # torch: src_key_padding_mask True = padding, the opposite of attnlab.
     expected = ref(t(x), src_key_padding_mask=t(~key_padding)).detach().numpy()
 
-    ours = block(x, key_padding[:, None, None, :])  # (B, 1, 1, S), True = real token
+    ours = block(x, mask=key_padding[:, None, None, :])  # (B, 1, 1, S), True = real token
     assert ours.shape == (B, T, E)
     np.testing.assert_allclose(ours, expected, **F64)  # float64: O(E + F) reordered sums
 

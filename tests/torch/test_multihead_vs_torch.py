@@ -137,7 +137,7 @@ def test_cross_attention_matches_torch_mha(dtype, Ekv):
     allowed = random_allowed(rng, T, S)
     key_padding = random_key_padding(B, S)
 
-    ours, our_weights = mha(x, context, allowed, key_padding=key_padding, return_weights=True)
+    ours, our_weights = mha(x, context, mask=allowed, key_padding=key_padding, return_weights=True)
     ref = torch_mha_like(mha, dtype)
     expected, expected_weights = run_torch_mha(
         ref, x, context, allowed=allowed, key_padding=key_padding
@@ -182,7 +182,7 @@ def test_gqa_matches_torch_sdpa_enable_gqa(H, Hkv):
     context = rng.standard_normal((B, S, E))
     allowed = random_allowed(rng, T, S)
 
-    ours = mha(x, context, allowed)
+    ours, _ = mha(x, context, mask=allowed)
 
     # Independent torch path: project, split heads, SDPA with enable_gqa, merge, project.
     xt, ct = t(x), t(context)
@@ -202,7 +202,7 @@ def test_gqa_with_causal_matches_torch_sdpa():
     B, T, E, H, Hkv, D = 1, 5, 8, 4, 2, 2
     mha = random_params(rng, E, H, Hkv=Hkv, D=D)
     x = rng.standard_normal((B, T, E))
-    ours = mha(x, is_causal=True)
+    ours, _ = mha(x, is_causal=True)
 
     xt = t(x)
     q = (xt @ t(mha.Wq) + t(mha.bq)).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
@@ -224,7 +224,7 @@ def test_unbatched_matches_torch_mha():
     allowed = random_allowed(rng, T, S)
     key_padding = np.array([True, True, True, False, True])
 
-    out, weights = mha(x, context, allowed, key_padding=key_padding, return_weights=True)
+    out, weights = mha(x, context, mask=allowed, key_padding=key_padding, return_weights=True)
     expected, expected_weights = run_torch_mha(
         torch_mha_like(mha, np.float64), x, context, allowed=allowed, key_padding=key_padding
     )

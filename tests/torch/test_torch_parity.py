@@ -263,10 +263,10 @@ def test_mha_float64_matches_numpy_core(B, T, S, E, H, Hkv):
     mask = rng.random((*lead, 1, T, S)) < 0.7 if B is not None else rng.random((T, S)) < 0.7
     kp = rng.random((*lead, S)) < 0.8
     for kw in ({}, {"is_causal": True}):
-        ref_out, ref_w = core(x, ctx, mask, key_padding=kp, return_weights=True, **kw)
-        out, weights = module(t(x), t(ctx), t(ctx), t(mask), key_padding=t(kp),
+        ref_out, ref_w = core(x, ctx, mask=mask, key_padding=kp, return_weights=True, **kw)
+        out, weights = module(t(x), t(ctx), t(ctx), mask=t(mask), key_padding=t(kp),
                               return_weights=True, **kw)
-        fused = module(t(x), t(ctx), t(ctx), t(mask), key_padding=t(kp), **kw)
+        fused, _ = module(t(x), t(ctx), t(ctx), mask=t(mask), key_padding=t(kp), **kw)
         # 1e-12 relative to max(1, |ref|): float64 rounding only.
         assert err64(out, ref_out) <= F64_TOL
         assert err64(fused, ref_out) <= F64_TOL
@@ -283,8 +283,8 @@ def test_mha_float32_within_1e6_of_float64_golden():
         bv=golden.bv.astype(np.float64), bo=golden.bo.astype(np.float64),
         num_heads=4, num_kv_heads=2)
     x = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(1))
-    ref = golden(x.double().numpy(), is_causal=True)
-    out = module(x, x, x, is_causal=True)
+    ref, _ = golden(x.double().numpy(), is_causal=True)
+    out, _ = module(x, x, x, is_causal=True)
     assert out.dtype == torch.float32
     assert rel_err(out, ref) <= F32_TOL  # 1e-6: float32 rounding of dot products of <= 32 terms
 
@@ -305,15 +305,15 @@ def test_mha_matches_torch_nn_multihead_attention(B, T, S, E, H, kdim):
     mask[:, 0] = True  # nn.MultiheadAttention gives NaN for rows with nothing to attend to
     kp = torch.rand(B, S, generator=gen) < 0.8
     kp[:, 0] = True
-    out, w = ours(x, ctx, ctx, mask, key_padding=kp, return_weights=True)
+    out, w = ours(x, ctx, ctx, mask=mask, key_padding=kp, return_weights=True)
     # nn.MultiheadAttention's masks mean the opposite: True = blocked.
     ref, ref_w = theirs(x, ctx, ctx, attn_mask=~mask, key_padding_mask=~kp,
                         need_weights=True, average_attn_weights=False)
     assert err64(out, ref) <= F64_TOL  # 1e-12: float64 rounding only
     assert err64(w, ref_w) <= F64_TOL
     back = at.from_torch_multihead(theirs).eval()
-    assert torch.equal(back(x, ctx, ctx, mask, key_padding=kp), ours(x, ctx, ctx, mask,
-                                                                       key_padding=kp))
+    assert torch.equal(back(x, ctx, ctx, mask=mask, key_padding=kp)[0],
+                       ours(x, ctx, ctx, mask=mask, key_padding=kp)[0])
 
 
 def test_mha_float32_matches_torch_nn_multihead_fast_path():
@@ -322,7 +322,7 @@ def test_mha_float32_matches_torch_nn_multihead_fast_path():
     x = torch.randn(2, 10, 32, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():  # nn.MultiheadAttention takes its fused fast path here
         ref = theirs(x, x, x, need_weights=False)[0]
-        out = ours(x, x, x)
+        out, _ = ours(x, x, x)
     assert rel_err(out, ref) <= F32_TOL  # 1e-6: two float32 computations of the same math
 
 
@@ -338,7 +338,7 @@ def test_self_attention_layer_matches_numpy_core(norm):
     mask = np.random.default_rng(1).random((7, 7)) < 0.8
     for kw in ({}, {"is_causal": True}):
         # 1e-12 relative to max(1, |ref|): float64 rounding only.
-        assert err64(module(t(x), t(mask), **kw), core(x, mask, **kw)) <= F64_TOL
+        assert err64(module(t(x), mask=t(mask), **kw), core(x, mask=mask, **kw)) <= F64_TOL
 
 
 def test_layer_norm_matches_numpy_core():
@@ -390,7 +390,7 @@ def test_mha_rope_matches_numpy_apply_rope(interleaved, T, S):
     rng = np.random.default_rng(5)
     x, ctx = rng.standard_normal((2, T, 16)), rng.standard_normal((2, S, 16))
     ref = core_mha_with_positions(core, x, ctx, rope=interleaved, is_causal=True)
-    out = module(t(x), t(ctx), t(ctx), is_causal=True)
+    out, _ = module(t(x), t(ctx), t(ctx), is_causal=True)
     assert err64(out, ref) <= F64_TOL  # 1e-12: float64 rounding only
 
 
@@ -404,8 +404,8 @@ def test_mha_alibi_matches_numpy_alibi_bias(H):
     x, ctx = rng.standard_normal((2, 3, 24)), rng.standard_normal((2, 8, 24))
     ref = core_mha_with_positions(core, x, ctx, alibi=True, is_causal=True)
     for return_weights in (False, True):
-        out = module(t(x), t(ctx), t(ctx), is_causal=True, return_weights=return_weights)
-        assert err64(out[0] if return_weights else out, ref) <= F64_TOL  # 1e-12
+        out, _ = module(t(x), t(ctx), t(ctx), is_causal=True, return_weights=return_weights)
+        assert err64(out, ref) <= F64_TOL  # 1e-12
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -420,13 +420,13 @@ def test_rope_and_alibi_carry_over_to_numpy_and_back(interleaved):
     ref = core_mha_with_positions(core, x, ctx, rope=interleaved, alibi=True, is_causal=True,
                                   base=500.0)
     # The NumPy class's own rope/alibi equal the reference written out from its pieces ...
-    np.testing.assert_allclose(core(x, ctx, is_causal=True), ref, atol=1e-12)
+    np.testing.assert_allclose(core(x, ctx, is_causal=True)[0], ref, atol=1e-12)
     # ... and the module built back from it equals the original module.
     back = at.MultiHeadAttention.from_numpy(core)
     assert back.rope and back.alibi and back.rope_base == 500.0
-    out = module(t(x), t(ctx), t(ctx), is_causal=True)
+    out, _ = module(t(x), t(ctx), t(ctx), is_causal=True)
     assert err64(out, ref) <= F64_TOL  # 1e-12: float64 rounding only
-    assert err64(back(t(x), t(ctx), t(ctx), is_causal=True), ref) <= F64_TOL
+    assert err64(back(t(x), t(ctx), t(ctx), is_causal=True)[0], ref) <= F64_TOL
 
 
 def test_numpy_rope_refuses_more_queries_than_keys():
@@ -474,7 +474,7 @@ def test_mha_bfloat16_by_flash_attention_rule():
         num_heads=4,
     )
     x = torch.randn(2, 48, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    golden = golden_core(x.double().numpy(), is_causal=True)
+    golden, _ = golden_core(x.double().numpy(), is_causal=True)
 
     def heads(y):  # (B, T, 64) -> (B, 4, T, 16)
         return y.view(2, 48, 4, 16).transpose(1, 2)
@@ -485,7 +485,7 @@ def test_mha_bfloat16_by_flash_attention_rule():
     merged = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(2, 48, 64)
     plain_bf16 = module.out_proj(merged)  # plain bf16 PyTorch, step by step
     with torch.inference_mode():
-        out = module(x, x, x, is_causal=True)
+        out, _ = module(x, x, x, is_causal=True)
         out_w, _ = module(x, x, x, is_causal=True, return_weights=True)
     _bf16_rule(out, plain_bf16, golden)
     _bf16_rule(out_w, plain_bf16, golden)

@@ -26,7 +26,7 @@ import torch
 import attnlab
 import attnlab.torch as at
 from attnlab import masks, positional, positional_relative
-from attnlab.fast import kv_cache, sparse
+from attnlab.fast import kv_cache, paged_cache, sparse, varlen
 
 FRAMEWORK = {"device", "dtype", "generator"}  # torch's factory arguments
 
@@ -60,11 +60,16 @@ TWINS = [
          numpy_only={"scheme", "seed"},
          # The NumPy core builds these from explicit arrays (MultiHeadAttention(Wq, ...)).
          torch_only={"generator", "device", "dropout", "value_head_dim", "d_out",
-                     "rope_interleaved"},
+                     "rope_interleaved",
+                     # torch's (T, B, E) layout option: the NumPy core is batch-first.
+                     "batch_first",
+                     # nn.MultiheadAttention's extra keys; the NumPy core (and its
+                     # backward) has no counterpart yet.
+                     "add_bias_kv", "add_zero_attn"},
          dtype_defaults_differ=True),  # float64 like the NumPy core, torch's default float
     Twin("MultiHeadAttention call", attnlab.MultiHeadAttention.__call__,
          at.MultiHeadAttention.forward, numpy_only={"recorder"},
-         inputs=(("x", "context"), ("query", "key", "value"))),
+         inputs=(("x", "context", "value"), ("query", "key", "value"))),
     Twin("SelfAttentionLayer", attnlab.SelfAttentionLayer, at.SelfAttentionLayer,
          numpy_only={"scheme", "seed"},
          # RoPE, ALiBi and bias-free projections exist on the NumPy layer's attention only.
@@ -88,6 +93,13 @@ TWINS = [
          dtype_defaults_differ=True),  # float64 like the NumPy core, float32 like torch
     Twin("SlidingWindowKVCache", kv_cache.SlidingWindowKVCache, at.SlidingWindowKVCache,
          torch_only={"device"}, dtype_defaults_differ=True),
+    Twin("varlen_attention", varlen.varlen_attention, at.varlen_attention),
+    Twin("PagedKVCache", paged_cache.PagedKVCache, at.PagedKVCache, torch_only={"device"},
+         dtype_defaults_differ=True),  # float64 like the NumPy core, float32 like torch
+    *(Twin(f"PagedKVCache.{method}", getattr(paged_cache.PagedKVCache, method),
+           getattr(at.PagedKVCache, method))
+      for method in ("attend", "append", "add_sequence", "free", "length", "block_table",
+                     "keys", "values")),
     *(Twin(f"{cls}.{method}", getattr(getattr(kv_cache, cls), method),
            getattr(getattr(at, cls), method))
       for cls in ("KVCache", "SlidingWindowKVCache")
@@ -145,12 +157,13 @@ def test_twins_have_the_same_parameters(twin):
     compare(twin)
 
 
-@pytest.mark.parametrize("name", ["KVCache", "SlidingWindowKVCache"])
+@pytest.mark.parametrize("name", ["KVCache", "SlidingWindowKVCache", "PagedKVCache"])
 def test_caches_have_the_same_public_members(name):
     def public(cls):
         return {m for m in dir(cls) if not m.startswith("_")}
 
-    assert public(getattr(kv_cache, name)) == public(getattr(at, name))
+    numpy_twin = getattr(paged_cache if name == "PagedKVCache" else kv_cache, name)
+    assert public(numpy_twin) == public(getattr(at, name))
 
 
 def test_every_torch_export_has_its_twin_here():

@@ -13,9 +13,11 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import AttnlabError
-from . import approx, bench, explain, inspect, profile
+from . import approx, bench, draw, explain, inspect, profile
+from . import lens as lens_command
 from . import ring as ring_command
 from .args import CliError, Parser
+from .help_zh import localize_error, localize_parser, wants_chinese
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 1
@@ -29,6 +31,8 @@ COMMANDS = {
     "profile": profile,
     "approx": approx,
     "bench": bench,
+    "lens": lens_command,
+    "draw": draw,
     "ring": ring_command,
 }
 
@@ -42,30 +46,38 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
+    """Entry point; returns the exit status. Under ``--lang zh`` the help and the error
+    messages are in Chinese."""
+    zh = wants_chinese(sys.argv[1:] if argv is None else argv)
+
+    def fail(message: str) -> None:
+        line = message.replace("\n", " ")
+        print(localize_error(line) if zh else f"error: {line}", file=sys.stderr)
+
     try:
         parser = _build_parser()
+        if zh:
+            localize_parser(parser)
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
         return int(COMMANDS[args.command].run(args))
     except (CliError, AttnlabError) as exc:
-        print(f"error: {exc}".replace("\n", " "), file=sys.stderr)
+        fail(str(exc))
         return EXIT_USAGE
     except ImportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        fail(str(exc))
         return EXIT_USAGE
     except OSError as exc:
-        print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
         return EXIT_USAGE
     except MemoryError as exc:  # an allocation far beyond this machine: say which, in one line
         detail = str(exc) or "an array did not fit in memory"
-        print(f"error: not enough memory: {detail}; use smaller sizes", file=sys.stderr)
+        fail(f"not enough memory: {detail}; use smaller sizes")
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # never a traceback: say what broke, in one line
         print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_INTERNAL
-

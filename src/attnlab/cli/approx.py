@@ -40,6 +40,8 @@ def add_parser(sub: Any) -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="BLAS threads, via threadpoolctl (default 1; 0 = leave unchanged)")
     ap.add_argument("--seed", type=int, default=0, help="seed of inputs and projections")
+    ap.add_argument("--lang", choices=["en", "zh"], default="en",
+                    help="language of the tables and plots (default en)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,14 +75,17 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         prepare_out_dir(args.out)
 
+    from ..report.localize import localize
+
     def progress(line: str) -> None:
-        print(f"... {line}", file=sys.stderr, flush=True)
+        print(localize(f"... {line}", args.lang), file=sys.stderr, flush=True)
 
     result = run_study(config, progress=progress)
-    print(format_table(result))
+    print(localize(format_table(result), args.lang))
     if args.out is not None:
-        for path in save_study(result, args.out):
-            print(f"wrote {path}", file=sys.stderr)
+        for path in save_study(result, args.out, lang=args.lang):
+            print(localize(f"wrote {path}", args.lang), file=sys.stderr)
     else:
-        print("(pass --out DIR to write approx.json and the plots)", file=sys.stderr)
+        print(localize("(pass --out DIR to write approx.json and the plots)", args.lang),
+              file=sys.stderr)
     return 0

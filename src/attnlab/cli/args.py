@@ -23,8 +23,16 @@ class CliError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
+    usage_prefix = "usage: "  # cli.help_zh sets it to 用法： under --lang zh
+
     def error(self, message: str) -> Any:  # argparse's own errors: one line, exit 2
         raise CliError(f"{self.prog}: {message}")
+
+    def format_usage(self) -> str:
+        return super().format_usage().replace("usage: ", self.usage_prefix, 1)
+
+    def format_help(self) -> str:
+        return super().format_help().replace("usage: ", self.usage_prefix, 1)
 
 
 def int_list(text: str, option: str, *, example: str = "256,1024") -> tuple[int, ...]:

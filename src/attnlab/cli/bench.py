@@ -70,6 +70,8 @@ def add_parser(sub: Any) -> None:
                      "512 + 512 run takes minutes")
     p.add_argument("--no-plots", action="store_true", help="write no PNG files")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--lang", choices=["en", "zh"], default="en",
+                   help="language of the tables and plots (default en)")
 
 
 def _name_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -143,6 +145,7 @@ class _ProgressBar:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..report.localize import localize
     from ..studies.bench import run_benchmarks
     from ..studies.bench_report import format_table, write_report
 
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     prepare_out_dir(args.out)  # now, not after minutes of measuring
     progress = None if args.no_progress else _ProgressBar(sys.stderr)
     result = run_benchmarks(config, progress=progress)
-    print(format_table(result))
-    for path in write_report(result, args.out, plots=not args.no_plots):
-        print(f"wrote {path}", file=sys.stderr)
+    print(localize(format_table(result), args.lang))
+    for path in write_report(result, args.out, plots=not args.no_plots, lang=args.lang):
+        print(localize(f"wrote {path}", args.lang), file=sys.stderr)
     return 0

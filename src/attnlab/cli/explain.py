@@ -24,11 +24,32 @@ def add_parser(sub: Any) -> None:
                     "without --x each token gets a deterministic toy embedding")
     ex.add_argument("--x", metavar="MATRIX",
                     help="input X (T×E): inline '1,0,1,0; 0,2,0,2' or JSON, or a .npy/.csv file")
-    ex.add_argument("--d-k", type=int, default=3, help="head dim d_k (default 3)")
+    ex.add_argument("--d-k", type=int,
+                    help="head dim d_k (default 3; 4 with --pos rope; E / heads with "
+                         "--split seed001)")
     ex.add_argument("--d-model", type=int,
                     help="embedding width for --tokens without --x (default 4)")
     ex.add_argument("--heads", type=int, default=1, help="number of heads (default 1)")
     ex.add_argument("--causal", action="store_true", help="causal mask: no peeking ahead")
+    ex.add_argument("--no-scale", action="store_true",
+                    help="skip the ÷√d_k scaling, to see why the seeds scale")
+    ex.add_argument("--pos", choices=["none", "sinusoidal", "learned", "rope"], default="none",
+                    help="positional encoding: sinusoidal or learned (added to X), rope "
+                         "(rotates Q and K); default none")
+    ex.add_argument("--wo", action="store_true",
+                    help="project the heads' output with Wo (seed 001's last linear layer)")
+    ex.add_argument("--residual", action="store_true",
+                    help="add the input back: x + attention(x) (implies --wo)")
+    ex.add_argument("--norm", choices=["pre", "post"],
+                    help="LayerNorm after the residual (post, seed 001's code) or before "
+                         "attention (pre); implies --residual")
+    ex.add_argument("--padding", metavar="1,1,0",
+                    help="padding mask, one 1 (a real token) or 0 (padding) per token: "
+                         "no token attends to padding")
+    ex.add_argument("--split", choices=["seed000", "seed001"], default="seed000",
+                    help="multi-head layout: seed000 (each head its own columns of Wq) or "
+                         "seed001 (one projection, then .view(T, H, d_k).transpose); the same "
+                         "computation")
     ex.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     ex.add_argument("--init", choices=["normal", "xavier", "xavier_normal"], default="normal",
                     help="weight initialisation (default normal, as the seeds' randn)")
@@ -59,11 +80,19 @@ def run(args: argparse.Namespace) -> int:
         T, E = X.shape
     else:
         T, E = (3, 4) if tokens is None else (len(tokens), d_model)
-    _check_printable(T, E, args.heads, args.d_k, args.causal)
+    d_k = args.d_k
+    if d_k is None and args.split == "seed000":
+        d_k = 4 if args.pos == "rope" else 3
+    key_padding = _padding(args.padding, T) if args.padding is not None else None
+    _check_printable(T, E, args.heads, d_k or max(1, E // max(1, args.heads)),
+                     args.causal or key_padding is not None)
     out_dir = prepare_out_dir(args.out) if args.out is not None else None
     trace = explain(
-        X, tokens=tokens, d_k=args.d_k, d_model=d_model, num_heads=args.heads,
-        is_causal=args.causal, seed=args.seed, scheme=args.init,
+        X, tokens=tokens, d_k=d_k, d_model=d_model, num_heads=args.heads,
+        is_causal=args.causal, key_padding=key_padding, scale=1.0 if args.no_scale else None,
+        pos=args.pos, Wo=True if (args.wo or args.residual or args.norm) else None,
+        residual=args.residual, norm=args.norm, split=args.split, seed=args.seed,
+        scheme=args.init,
     )
     if args.fmt == "json":
         print(to_json(trace))
@@ -77,6 +106,17 @@ def run(args: argparse.Namespace) -> int:
         for path in written:
             print(f"{label} {path}", file=sys.stderr)
     return 0
+
+
+def _padding(text: str, T: int) -> Any:
+    """``--padding 1,1,0``: one 1 (a real token) or 0 (padding) per token -> bool (T,)."""
+    import numpy as np
+
+    fields = text.replace(",", " ").split()
+    if any(f not in ("0", "1") for f in fields) or len(fields) != T:
+        raise CliError(f"--padding: expected {T} values of 1 (a real token) or 0 (padding), "
+                       f"one per token, like {','.join(['1'] * (T - 1) + ['0'])}, got {text!r}")
+    return np.array([f == "1" for f in fields])
 
 
 def _check_printable(T: int, E: int, H: int, D: int, causal: bool) -> None:

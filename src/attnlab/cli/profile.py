@@ -48,6 +48,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--quick", action="store_true",
                    help="a tiny 2-layer model at T = 16, 32, one run: checks the pipeline")
     p.add_argument("--json", action="store_true", help="print the report as JSON, not a table")
+    p.add_argument("--lang", choices=["en", "zh"], default="en",
+                   help="language of the tables and plots (default en)")
     p.add_argument("--out", metavar="DIR", help="also write profile.json (and profile_shares.png "
                    "if matplotlib is installed) here")
 
@@ -130,21 +132,25 @@ def run(args: argparse.Namespace) -> int:
     models, notes = _build_models(names, max(seq_lens), args.seed)
     report = profile(models, seq_lens, repeats=repeats, threads=threads, batch=batch,
                      seed=args.seed, compare_forward=not args.no_compare, notes=notes)
+    from ..report.localize import localize
+
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
     else:
-        print(format_report(report))
+        print(localize(format_report(report), args.lang))
     if folder is not None:
         path = folder / "profile.json"
         path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        print(f"wrote {path}", file=sys.stderr)
+        print(localize(f"wrote {path}", args.lang), file=sys.stderr)
         try:
             from ..report.figures import save_figure
+            from ..report.localize import localize_figure
 
-            png = save_figure(plot_shares(report), folder / "profile_shares.png")
-            print(f"wrote {png}", file=sys.stderr)
+            figure = localize_figure(plot_shares(report), args.lang)
+            png = save_figure(figure, folder / "profile_shares.png")
+            print(localize(f"wrote {png}", args.lang), file=sys.stderr)
         except ImportError as exc:
-            print(f"note: no plot ({exc})", file=sys.stderr)
+            print(localize(f"note: no plot ({exc})", args.lang), file=sys.stderr)
     return 0
 
 

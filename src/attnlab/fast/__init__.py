@@ -3,6 +3,7 @@ and is tested against it (its plain twin).
 
 - :mod:`~attnlab.fast.flash`: tiled attention with an online softmax, O(T + S) memory;
 - :mod:`~attnlab.fast.kv_cache`: cached keys and values for decoding;
+- :mod:`~attnlab.fast.varlen`: packed batches of sequences of different lengths, no padding;
 - :mod:`~attnlab.fast.sparse`: sliding-window attention;
 - :mod:`~attnlab.fast.block_sparse`: block-sparse (BigBird) attention;
 - :mod:`~attnlab.fast.lowrank`: Linformer and Nyström approximations;

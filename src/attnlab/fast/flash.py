@@ -31,8 +31,10 @@ Dv value dim. ``...`` is any number of leading batch dims, which broadcast.
 
 Mask convention (the only one in attnlab): ``mask`` is boolean and
 **True = may attend**; additive values go through ``bias``. ``is_causal`` is
-bottom-right aligned: query i sits at absolute position S - T + i. A query
-with nothing to attend to gets output 0 (never NaN) and log-sum-exp -inf.
+bottom-right aligned: query i sits at absolute position S - T + i (at i with
+``causal_alignment="top_left"``). A query with nothing to attend to gets
+output 0 (never NaN) and log-sum-exp -inf. Windows, soft-capping and ALiBi
+slopes are applied tile by tile (:class:`attnlab.fast.flash_tiles.Tiles`).
 """
 
 from __future__ import annotations
@@ -208,11 +210,11 @@ def flash_attention(
     dtype = q_arr.dtype
     T, D, S, Dv = *q_arr.shape[-2:], k_arr.shape[-2], v_arr.shape[-1]
     batch = inputs.batch
-    tiles = _tiles(inputs)
     # Broadcast batch dims can make the output far larger than any input.
     check_alloc((*batch, T, Dv), dtype, "the output (..., T, Dv)", "q, k, v")
 
-    units = score_units(q_arr, k_arr, scale_value, _natural_units(inputs))
+    units = score_units(q_arr, k_arr, scale_value, inputs.bias)
+    tiles = _tiles(inputs, units.per_nat)
     scale_typed = dtype.type(scale_value * units.per_nat)  # folded into q: scores in units
     q_full = np.broadcast_to(q_arr, (*batch, T, D))  # (..., T, D) views: parts index them
     k_t = np.broadcast_to(np.swapaxes(k_arr, -1, -2), (*batch, D, S))  # (..., D, S)
@@ -321,7 +323,6 @@ def flash_attention_backward(
     dtype = q_arr.dtype
     T, D, S, Dv = *q_arr.shape[-2:], k_arr.shape[-2], v_arr.shape[-1]
     batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
-    tiles = _tiles(inputs)
     for name, shape in (("dq", (*batch, T, D)), ("dk", (*batch, S, D)), ("dv", (*batch, S, Dv))):
         check_alloc(shape, dtype, f"the gradient {name}", "q, k, v")
     as_forward(out, "out", (*batch, T, Dv), "(..., T, Dv)", dtype)
@@ -331,7 +332,8 @@ def flash_attention_backward(
     # The weights are rebuilt in the forward's units (the same choice from the same
     # inputs), from scores rounded exactly as the forward's were: a query that sees
     # one key then gets P = 1 up to the rounding of exp and log alone.
-    units = score_units(q_arr, k_arr, scale_value, _natural_units(inputs))
+    units = score_units(q_arr, k_arr, scale_value, inputs.bias)
+    tiles = _tiles(inputs, units.per_nat)
     scale_typed = dtype.type(scale_value)  # for dq and dk
     scores_scale = dtype.type(scale_value * units.per_nat)  # folded into q, as in the forward
     q_full = np.broadcast_to(q_arr, (*batch, T, D))  # (..., T, D) a view
@@ -393,18 +395,12 @@ def flash_attention_backward(
     )
 
 
-def _tiles(inputs: AttentionInputs) -> Tiles:
-    """The tiles of checked (``tiled=True``) inputs: their mask, bias, band, cap and ALiBi."""
-    return Tiles(inputs.T, inputs.S, inputs.allowed, inputs.bias, inputs.band, offset=inputs.offset,
-                 softcap=inputs.softcap, alibi_slopes=inputs.alibi_slopes)
-
-
-def _natural_units(inputs: AttentionInputs) -> object | None:
-    """Not None when the scores must stay in natural units (see score_units): a bias, ALiBi
-    or a soft cap."""
-    if inputs.bias is None and inputs.softcap is None and inputs.alibi_slopes is None:
-        return None
-    return True
+def _tiles(inputs: AttentionInputs, per_nat: float) -> Tiles:
+    """The tiles of checked (``tiled=True``) inputs: their mask, bias, band, cap and ALiBi,
+    the cap and the slopes in the scores' units (``per_nat`` per natural unit)."""
+    return Tiles(inputs.T, inputs.S, inputs.allowed, inputs.bias, inputs.band,
+                 offset=inputs.offset, softcap=inputs.softcap,
+                 alibi_slopes=inputs.alibi_slopes, per_nat=per_nat)
 
 
 def merge_partials(

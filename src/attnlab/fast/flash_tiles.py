@@ -75,10 +75,10 @@ def score_units(
     """Base 2 where NumPy's exp2 is fast, unless a bias is given or 1.44x larger scores
     could overflow.
 
-    A bias (or ALiBi, or a soft cap: anything not None) is given in natural
-    units: scaling it per tile would cost a pass, and a huge fill (-1e9) rounded
-    at base 2's spacing would move the lse away from the plain path's.
-    check_inputs bounds the natural scores only.
+    A bias is given in natural units: scaling it per tile would cost a pass, and
+    a huge fill (-1e9) rounded at base 2's spacing would move the lse away from
+    the plain path's. (A soft cap and ALiBi slopes are scaled once, in
+    :class:`Tiles`.) check_inputs bounds the natural scores only.
     """
     if bias is not None or not exp2_is_vectorised(q.dtype):
         return _BASE_E
@@ -136,7 +136,13 @@ def online_softmax(
     has_mass = np.zeros((*rows, 1), dtype=bool)  # (..., bq, 1) Σ p > 0 so far
     all_have_mass = False
     acc = np.zeros((*rows, v_ones.shape[-1]), dtype=q_blk.dtype)  # (..., bq, Dv + 1)
-    for k0 in range(0, k_t.shape[-1], block_k):
+    starts = range(0, k_t.shape[-1], block_k)
+    if tiles.alibi_slopes is not None:
+        # ALiBi's bias falls with distance: from the nearest keys (the last, under a causal
+        # band) the first tile already holds each row's max, and the reference never has
+        # to move up past the window (which makes a tile again the long way).
+        starts = starts[::-1]
+    for k0 in starts:
         k1 = min(k0 + block_k, k_t.shape[-1])
         blocked = tiles.blocked(q0, q1, k0, k1, stats)
         if blocked is SKIP:
@@ -173,7 +179,7 @@ def _tile_scores(
     q_blk: np.ndarray, k_t: np.ndarray, tiles: Tiles, q0: int, q1: int, k0: int, k1: int,
     blocked: np.ndarray | None, out: np.ndarray,
 ) -> np.ndarray:
-    """A tile's scores, with its bias added and its blocked entries at -inf, in ``out``.
+    """A tile's scores, soft-capped, with its bias added and its blocked entries at -inf.
 
     Shapes: q_blk (..., bq, D), k_t (..., D, S) -> out (..., bq, bk).
     """
@@ -247,13 +253,15 @@ class Tiles:
     def __init__(
         self, T: int, S: int, allowed: np.ndarray | None, bias: np.ndarray | None,
         band: Band | None, *, offset: int | None = None, softcap: float | None = None,
-        alibi_slopes: np.ndarray | None = None,
+        alibi_slopes: np.ndarray | None = None, per_nat: float = 1.0,
     ) -> None:
         self.allowed = None if allowed is None else _at_least_2d(allowed)
         self.bias = None if bias is None else _at_least_2d(bias)
         self.band = band
-        self.softcap = softcap
-        self.alibi_slopes = alibi_slopes  # (..., 1, 1) or None
+        # In the scores' units (ScoreUnits.per_nat per natural unit): c·tanh(s / c) and
+        # -slope·|i' - j| scale with the scores, so base 2 needs no extra pass.
+        self.softcap = None if softcap is None else softcap * per_nat
+        self.alibi_slopes = None if alibi_slopes is None else alibi_slopes * per_nat  # (..., 1, 1)
         # Query i sits at absolute position offset + i (S - T bottom-right, 0 top-left).
         self.offset = (S - T if band is None else band.offset) if offset is None else offset
 
@@ -307,7 +315,25 @@ class Tiles:
             with np.errstate(over="ignore"):
                 scores += _tile(self.bias, q0, q1, k0, k1)  # (..., bq, bk)
         if self.alibi_slopes is not None:
-            scores += alibi_tile(self.alibi_slopes, self.offset, q0, q1, k0, k1)  # (..., bq, bk)
+            self._add_alibi(scores, q0, q1, k0, k1)
+
+    def _add_alibi(self, scores: np.ndarray, q0: int, q1: int, k0: int, k1: int) -> None:
+        """scores -= slope·|i' - j|, one batch-head at a time: the exact integer distances
+        once per tile, then two passes per batch-head over a (bq, bk) temporary, rather
+        than a fresh (..., bq, bk) bias per tile."""
+        assert self.alibi_slopes is not None
+        if not scores.flags.c_contiguous:  # never the tiles made here; the general way
+            scores += alibi_tile(self.alibi_slopes, self.offset, q0, q1, k0, k1)
+            return
+        query_pos = np.arange(q0, q1, dtype=scores.dtype) + scores.dtype.type(self.offset)
+        distance = np.subtract.outer(query_pos, np.arange(k0, k1, dtype=scores.dtype))
+        np.abs(distance, out=distance)  # (bq, bk) |i' - j|, exact integers
+        slopes = np.broadcast_to(self.alibi_slopes, (*scores.shape[:-2], 1, 1))  # (..., 1, 1)
+        rows = scores.reshape(-1, *scores.shape[-2:])  # (n, bq, bk), a view
+        term = np.empty_like(distance)  # (bq, bk)
+        for row, slope in zip(rows, slopes.reshape(-1), strict=True):
+            np.multiply(distance, slope, out=term)  # slope·|i' - j|
+            row -= term
 
 
 def _count(stats: TileCounter | None, blocked: np.ndarray | None) -> np.ndarray | None:

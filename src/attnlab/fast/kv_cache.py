@@ -38,8 +38,18 @@ equals::
     scaled_dot_product_attention(q, keys, values,                 # whole sequence
                                  mask=sliding_window_mask(T, W, is_causal=True, S=S))
 
-All sequences of a batch share one length (no ragged batches). Inputs are cast
-to the cache's dtype, as writing into a preallocated array does. The shape
+Sequences of different lengths share one batch as Hugging Face's ``generate``
+batches them: prompts left-padded to one length, their padding marked by
+``key_padding`` (B, T) (True = a real token) and never attended to;
+:attr:`KVCache.lengths` counts each row's real tokens (its next RoPE position).
+For batches whose sequences come and go, see :mod:`attnlab.fast.paged_cache`.
+``attend(q)`` without k and v attends over the cache as it is, and
+``is_causal=False`` lets a chunk of new tokens see each other both ways.
+
+Inputs are cast to the cache's dtype, as writing into a preallocated array
+does. float16 and bfloat16 (``dtype="bfloat16"``, through ml_dtypes) store keys
+and values in half the memory; attention is then computed in float32
+(:attr:`compute_dtype`) and returned in float32. The shape
 checks and the slot arithmetic (doubling, the ring of W slots) are
 :mod:`attnlab.shapes`, shared with the torch twins; the attention is
 :func:`attnlab.kernel.attend`.
@@ -51,19 +61,86 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnlabError, as_float_array, check_alloc, check_positive_int, check_scale
-from ..kernel import abs_max, attend, check_score_range
-from ..masks import causal_mask
+from ..errors import (
+    AttnlabError,
+    as_bool_mask,
+    as_float_array,
+    check_alloc,
+    check_flag,
+    check_positive_int,
+    check_scale,
+    missing_extra,
+)
+from ..kernel import abs_max, attend, check_score_range, check_softcap
+from ..masks import causal_mask, window_mask
 from ..shapes import (
     check_cache_query_shape,
     check_cache_room,
+    check_key_padding_shape,
     check_kv_shapes,
     grown_capacity,
     held_positions,
     ring_segments,
 )
 
-__all__ = ["KVCache", "SlidingWindowKVCache"]
+__all__ = [
+    "KVCache",
+    "STORAGE_DTYPES",
+    "SlidingWindowKVCache",
+    "cast_checked",
+    "compute_dtype_of",
+    "largest",
+    "storage_dtype",
+]
+
+
+#: Storage dtypes of the caches: float16 and bfloat16 (through ml_dtypes) hold keys and
+#: values in half the memory and are computed in float32, as torch does on CPU.
+STORAGE_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def storage_dtype(dtype: Any) -> np.dtype:
+    """A cache's storage dtype: float16, bfloat16 (ml_dtypes), float32 or float64."""
+    if isinstance(dtype, str) and dtype == "bfloat16" or getattr(dtype, "__name__", "") == \
+            "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise missing_extra("ml_dtypes", "bfloat16", "A bfloat16 KV cache") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        result = np.dtype(dtype)
+    except (TypeError, ValueError, UnicodeError):  # not a dtype, e.g. a tensor
+        raise AttnlabError(f"dtype: expected a float dtype, got {dtype!r}") from None
+    if result.name not in STORAGE_DTYPES:
+        raise AttnlabError(f"dtype: expected one of {', '.join(STORAGE_DTYPES)}, got {result}")
+    return result
+
+
+def compute_dtype_of(dtype: np.dtype) -> np.dtype:
+    """float32 for the 2-byte storage dtypes (float16, bfloat16), else the dtype itself."""
+    return np.dtype(np.float32) if dtype.itemsize == 2 else dtype
+
+
+def largest(dtype: np.dtype) -> float:
+    """The largest finite value of a float dtype, bfloat16 included."""
+    if dtype.name == "bfloat16":
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(dtype).max)
+    return float(np.finfo(dtype).max)
+
+
+def cast_checked(arr: np.ndarray, dtype: np.dtype, name: str, what: str) -> np.ndarray:
+    """``arr`` in ``dtype``; refused (naming ``name``) if a narrowing cast would overflow."""
+    with np.errstate(over="ignore"):
+        out = arr.astype(dtype, copy=False)
+    if arr.dtype.itemsize > dtype.itemsize and not np.isfinite(out).all():
+        raise AttnlabError(
+            f"{name}: values up to {abs_max(arr):.3g} do not fit {what} {dtype} "
+            f"(largest {largest(dtype):.3g})"
+        )
+    return out
 
 
 class _CacheBase:
@@ -80,12 +157,9 @@ class _CacheBase:
             self.head_dim if value_head_dim is None
             else check_positive_int(value_head_dim, "value_head_dim")
         )
-        try:
-            self.dtype = np.dtype(dtype)
-        except (TypeError, ValueError, UnicodeError):  # not a dtype, e.g. a tensor
-            raise AttnlabError(f"dtype: expected a float dtype, got {dtype!r}") from None
-        if self.dtype not in (np.float32, np.float64):
-            raise AttnlabError(f"dtype: expected float32 or float64, got {self.dtype}")
+        self.dtype = storage_dtype(dtype)
+        #: The dtype attention is computed in: float32 for float16 / bfloat16 storage.
+        self.compute_dtype = compute_dtype_of(self.dtype)
         self._length = 0
 
     @property
@@ -109,31 +183,27 @@ class _CacheBase:
                         self.value_head_dim)
         return self._cast(k_arr, "k"), self._cast(v_arr, "v")
 
-    def _cast(self, arr: np.ndarray, name: str) -> np.ndarray:
-        """``arr`` in the cache's dtype; refused if a narrowing cast would overflow to inf."""
-        with np.errstate(over="ignore"):
-            out = arr.astype(self.dtype, copy=False)
-        if arr.dtype.itemsize > self.dtype.itemsize and not np.isfinite(out).all():
-            raise AttnlabError(
-                f"{name}: values up to {abs_max(arr):.3g} do not fit the cache's dtype "
-                f"{self.dtype} (largest {float(np.finfo(self.dtype).max):.3g})"
-            )
-        return out
+    def _cast(self, arr: np.ndarray, name: str, dtype: np.dtype | None = None) -> np.ndarray:
+        """``arr`` in the cache's dtype (or ``dtype``); refused if a narrowing cast would
+        overflow to inf."""
+        dtype = self.dtype if dtype is None else dtype
+        return cast_checked(arr, dtype, name, "the cache's dtype")
 
     def _check_scores(self, q: np.ndarray, k: np.ndarray, scale: float) -> None:
         """Refuse q whose scores with the held and the new keys could overflow."""
         k_max = max(self._held_k_max(), abs_max(k))
-        check_score_range(abs_max(q), k_max, self.head_dim, scale, self.dtype)
+        check_score_range(abs_max(q), k_max, self.head_dim, scale, self.compute_dtype)
 
     def _held_k_max(self) -> float:
         """The largest |key| the cache holds."""
         raise NotImplementedError
 
-    def _check_q(self, q: Any, T: int) -> np.ndarray:
-        """q (B, H, T, D) with H a multiple of Hkv, in the cache's dtype."""
+    def _check_q(self, q: Any, T: int | None) -> np.ndarray:
+        """q (B, H, T, D) with H a multiple of Hkv (any T if None), in the compute dtype."""
         q_arr = as_float_array(q, "q")
+        T = q_arr.shape[2] if T is None and q_arr.ndim == 4 else (T or 0)
         check_cache_query_shape(q_arr.shape, self.batch, self.num_kv_heads, T, self.head_dim)
-        return self._cast(q_arr, "q")
+        return self._cast(q_arr, "q", self.compute_dtype)
 
     def _check_buffer(self, length: int, name: str) -> None:
         """Refuse key/value buffers of ``length`` positions beyond attnlab's size limit."""
@@ -144,24 +214,28 @@ class _CacheBase:
 
 def _grouped_attention(
     q: np.ndarray, keys: np.ndarray, values: np.ndarray, allowed: np.ndarray | None,
-    scale: float,
+    scale: float, softcap: float | None = None,
 ) -> np.ndarray:
     """Attention of H query heads over Hkv shared key/value heads, without copying the keys.
 
     Shapes: q (B, H, T, D), keys (B, Hkv, S, D), values (B, Hkv, S, Dv),
-    allowed bool (T, S) or None -> (B, H, T, Dv).
+    allowed bool (T, S), (B, 1, T, S) or None -> (B, H, T, Dv).
 
     Query head h reads key/value head h // G (G = H / Hkv), as
     ``MultiHeadAttention.expand_kv`` does; the G heads of a group are stacked as
-    G·T rows of one product instead of repeating the keys G times.
+    G·T rows of one product instead of repeating the keys G times. Keys and
+    values stored in float16 / bfloat16 are computed in q's dtype (float32).
     """
     B, H, T, D = q.shape
     Hkv = keys.shape[1]
     G = H // Hkv
+    if keys.dtype != q.dtype:
+        keys, values = keys.astype(q.dtype), values.astype(q.dtype)
     rows = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D); head h = g*G + j
-    if allowed is not None and G > 1:
-        allowed = np.tile(allowed, (G, 1))  # (G*T, S), rows in the order of `rows`
-    out, _ = attend(rows, keys, values, allowed, None, scale)  # (B, Hkv, G*T, Dv)
+    if allowed is not None and G > 1 and allowed.shape[-2] > 1:  # one row broadcasts as is
+        reps = (1,) * (allowed.ndim - 2) + (G, 1)
+        allowed = np.tile(allowed, reps)  # (..., G*T, S), rows in the order of `rows`
+    out, _ = attend(rows, keys, values, allowed, None, scale, softcap=softcap)  # (B, Hkv, G*T, Dv)
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
@@ -211,6 +285,8 @@ class KVCache(_CacheBase):
             (self.batch, self.num_kv_heads, start, self.value_head_dim), self.dtype
         )
         self._k_max = 0.0  # largest |key| appended since the last reset (for _check_scores)
+        self._real = np.ones((self.batch, start), dtype=bool)  # (B, capacity) True = real token
+        self._padded = False  # whether a key_padding with padding was given since the reset
 
     @property
     def capacity(self) -> int:
@@ -236,6 +312,24 @@ class KVCache(_CacheBase):
         view.flags.writeable = False
         return view
 
+    @property
+    def key_padding(self) -> np.ndarray:  # (B, S) bool
+        """Read-only view: True = a real token, False = padding (e.g. a left-padded prompt)."""
+        view = self._real[:, : self._length]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def lengths(self) -> np.ndarray:  # (B,) int64
+        """Real tokens held per sequence (padding not counted).
+
+        With left-padded prompts each row has its own length: ``lengths[b]`` is
+        the RoPE position of row b's next token (Hugging Face's
+        ``attention_mask.cumsum(-1) - 1``), where :meth:`next_positions` gives
+        the slots, shared by the batch.
+        """
+        return self._real[:, : self._length].sum(axis=1, dtype=np.int64)
+
     def _held_k_max(self) -> float:
         return self._k_max
 
@@ -243,13 +337,26 @@ class KVCache(_CacheBase):
         """Forget every token (the storage is kept for reuse)."""
         self._length = 0
         self._k_max = 0.0
+        self._padded = False
 
-    def append(self, k: Any, v: Any) -> None:
-        """Append the keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of T new tokens."""
+    def append(self, k: Any, v: Any, *, key_padding: Any = None) -> None:
+        """Append the keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of T new tokens.
+
+        ``key_padding`` bool (B, T), True = a real token: padding keys are never
+        attended to (left-padded prompts of different lengths in one batch).
+        """
         k_arr, v_arr = self._check_kv(k, v)
-        self._write(k_arr, v_arr)
+        self._write(k_arr, v_arr, self._check_key_padding(key_padding, k_arr.shape[2]))
 
-    def _write(self, k: np.ndarray, v: np.ndarray) -> None:
+    def _check_key_padding(self, key_padding: Any, T: int) -> np.ndarray | None:
+        """key_padding bool (B, T) for the T new tokens, or None (all real)."""
+        if key_padding is None:
+            return None
+        arr = as_bool_mask(key_padding, "key_padding")
+        check_key_padding_shape(arr.shape, str(arr.dtype), True, (self.batch, T))
+        return arr
+
+    def _write(self, k: np.ndarray, v: np.ndarray, key_padding: np.ndarray | None = None) -> None:
         T = k.shape[2]
         check_cache_room(self._length, T, self.max_len)
         needed = self._length + T
@@ -258,6 +365,8 @@ class KVCache(_CacheBase):
         self._k_max = max(self._k_max, abs_max(k))
         self._keys[:, :, self._length : needed] = k
         self._values[:, :, self._length : needed] = v
+        self._real[:, self._length : needed] = True if key_padding is None else key_padding
+        self._padded = self._padded or (key_padding is not None and not key_padding.all())
         self._length = needed
 
     def _grow(self, needed: int) -> None:
@@ -269,30 +378,72 @@ class KVCache(_CacheBase):
             new = np.zeros((*old.shape[:2], new_capacity, old.shape[3]), self.dtype)
             new[:, :, : self._length] = old[:, :, : self._length]
             setattr(self, name, new)
+        real = np.ones((self.batch, new_capacity), dtype=bool)  # (B, capacity)
+        real[:, : self._length] = self._real[:, : self._length]
+        self._real = real
 
-    def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> np.ndarray:
+    def attend(
+        self, q: Any, k: Any = None, v: Any = None, *, key_padding: Any = None,
+        is_causal: bool = True, scale: float | None = None, softcap: float | None = None,
+        window: Any = None,
+    ) -> np.ndarray:
         """Append the T new tokens' k, v, then attend from their queries over the whole cache.
 
-        Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
+        Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv),
+        key_padding bool (B, T) -> (B, H, T, Dv).
 
-        Query i sits at position ``S - T + i`` (S = length after the append) and
-        sees keys 0 .. S - T + i: causal, bottom-right aligned. ``scale``
-        defaults to 1/√D.
+        Query i sits at position ``S - T + i`` (S = length after the append) and,
+        with ``is_causal`` (the default), sees keys 0 .. S - T + i: causal,
+        bottom-right aligned. ``is_causal=False`` lets the T queries see every
+        key held, the chunk's own later keys included (a bidirectional chunk,
+        e.g. a prefix). ``k = v = None`` attends without appending: q's T
+        queries are taken to be the last T positions held (or, not causal, to
+        see all of them). ``key_padding`` (True = a real token) marks the new
+        tokens' padding, never attended to from then on; a query that sees no
+        real key gets 0. ``scale`` defaults to 1/√D; ``softcap`` and ``window`` (an
+        int W or (left, right), cut at the query when causal) mean what they mean in
+        :func:`attnlab.scaled_dot_product_attention`.
+
+        Equals :func:`attnlab.scaled_dot_product_attention` over the whole
+        sequence with ``mask = key_padding[:, None, None, :]`` (all of it so far),
+        ``is_causal``, ``softcap`` and ``window``, at the last T queries.
         """
-        k_arr, v_arr = self._check_kv(k, v)
-        T = k_arr.shape[2]
-        q_arr = self._check_q(q, T)
+        is_causal = check_flag(is_causal, "is_causal")
+        cap = check_softcap(softcap)
+        if (k is None) != (v is None):
+            raise AttnlabError("k, v: expected both (append, then attend) or neither (attend "
+                               f"over the cache as it is), got k {type(k).__name__} and v "
+                               f"{type(v).__name__}")
+        if k is None:
+            if key_padding is not None:
+                raise AttnlabError("key_padding: marks the padding of new tokens; expected "
+                                   "None when k and v are None (nothing is appended)")
+            q_arr = self._check_q(q, None)
+            T = q_arr.shape[2]
+            k_arr, v_arr, padding = q_arr[:, :0], None, None  # nothing new
+        else:
+            k_arr, v_arr = self._check_kv(k, v)
+            T = k_arr.shape[2]
+            q_arr = self._check_q(q, T)
+            padding = self._check_key_padding(key_padding, T)
         scale_value = check_scale(scale, self.head_dim)
         self._check_scores(q_arr, k_arr, scale_value)
-        check_alloc((*q_arr.shape[:3], self._length + T), self.dtype,
+        S = self._length + (0 if v_arr is None else T)
+        check_alloc((*q_arr.shape[:3], S), self.compute_dtype,
                     "the score matrix (B, H, T, S)", "q")
-        self._write(k_arr, v_arr)
-        S = self._length
+        if v_arr is not None:
+            self._write(k_arr, v_arr, padding)
         keys = self._keys[:, :, :S]  # (B, Hkv, S, D)
         values = self._values[:, :, :S]  # (B, Hkv, S, Dv)
-        # One query over the whole cache sees every key: no mask needed.
-        allowed = causal_mask(T, S) if T > 1 else None  # (T, S)
-        return _grouped_attention(q_arr, keys, values, allowed, scale_value)  # (B, H, T, Dv)
+        # One query at the end of the cache sees every key: no causal mask needed.
+        allowed = causal_mask(T, S) if is_causal and T > 1 else None  # (T, S)
+        if window is not None:
+            allowed = window_mask(T, S, window=window, is_causal=is_causal)  # (T, S)
+        if self._padded:
+            real = self._real[:, None, None, :S]  # (B, 1, 1, S)
+            allowed = real if allowed is None else (real & allowed)  # (B, 1, T, S)
+        return _grouped_attention(q_arr, keys, values, allowed, scale_value,
+                                  cap)  # (B, H, T, Dv)
 
     def __repr__(self) -> str:
         return (
@@ -397,13 +548,18 @@ class SlidingWindowKVCache(_CacheBase):
             self._values[:, :, slot : slot + count] = v[:, :, first : first + count]
         self._length += T
 
-    def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> np.ndarray:
+    def attend(
+        self, q: Any, k: Any, v: Any, *, scale: float | None = None,
+        softcap: float | None = None,
+    ) -> np.ndarray:
         """Append the T new tokens' k, v, and attend from their queries within the window.
 
         Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
 
-        The query at position p sees keys ``max(0, p - W + 1) .. p``.
+        The query at position p sees keys ``max(0, p - W + 1) .. p``. ``softcap``
+        as in :func:`attnlab.scaled_dot_product_attention`.
         """
+        cap = check_softcap(softcap)
         k_arr, v_arr = self._check_kv(k, v)
         T = k_arr.shape[2]
         q_arr = self._check_q(q, T)
@@ -417,7 +573,7 @@ class SlidingWindowKVCache(_CacheBase):
             self._write(k_arr, v_arr)
             n = min(self._length, W)
             return _grouped_attention(q_arr, self._keys[:, :, :n], self._values[:, :, :n], None,
-                                      scale_value)  # (B, H, 1, Dv)
+                                      scale_value, cap)  # (B, H, 1, Dv)
         held = held_positions(self._length, W)
         keys = np.concatenate([self._in_order(self._keys), k_arr], axis=2)  # (B, Hkv, n + T, D)
         values = np.concatenate([self._in_order(self._values), v_arr],
@@ -426,7 +582,7 @@ class SlidingWindowKVCache(_CacheBase):
         key_pos = np.arange(held.start, self._length + T)  # (n + T,)
         offset = key_pos[None, :] - query_pos[:, None]  # (T, n + T)
         allowed = (offset <= 0) & (offset > -W)  # (T, n + T): the W most recent, itself included
-        out = _grouped_attention(q_arr, keys, values, allowed, scale_value)  # (B, H, T, Dv)
+        out = _grouped_attention(q_arr, keys, values, allowed, scale_value, cap)  # (B, H, T, Dv)
         self._write(k_arr, v_arr)
         return out
 

@@ -1,3 +1,19 @@
 """Looking inside: explain a computation step by step, diagnose attention weights, diagnose
-gradients. Results are data (traces, diagnostics); drawing them is :mod:`attnlab.report`'s job.
+gradients; ablate and patch heads, rank them by importance, roll attention out over the
+layers. Results are data (traces, diagnostics, tables); drawing them is
+:mod:`attnlab.report`'s job.
+
+    from attnlab import lens
+    with lens.ablate(model, heads=[(3, 5)]):               # (layer, head), 0-based
+        ...
+    lens.patch(model, clean, corrupted, heads=[(3, 5)])
+    lens.attention_rollout(weights)                       # (L, H, T, T) -> (T, T)
 """
+
+from .ablation import ablate, head_means
+from .hooks import hooked
+from .patching import embedding_cosine, patch, patch_sweep, path_patch, token_cosine
+from .rollout import attention_flow, attention_rollout
+
+__all__ = ["ablate", "attention_flow", "attention_rollout", "embedding_cosine", "head_means",
+           "hooked", "patch", "patch_sweep", "path_patch", "token_cosine"]

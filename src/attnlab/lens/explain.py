@@ -1,4 +1,4 @@
-"""``explain``: run self-attention step by step and keep every matrix.
+"""``explain``: run self-attention step by step and keep every matrix, up to a whole layer.
 
 The default is seed 000's worked example: three words of four dims,
 
@@ -13,7 +13,9 @@ numbers.
 The weights and outputs come from the library's one attention kernel
 (:func:`attnlab.kernel.attend`, after :func:`attnlab.kernel.check_inputs`), the
 same as :func:`attnlab.scaled_dot_product_attention`; the scores shown before them
-are the kernel's formula written out, step by step.
+are the kernel's formula written out, step by step. Options add what seed 001's
+layer adds around it (positions, the output projection Wo, the residual, LayerNorm)
+and switch off what the seeds teach by contrast (the 1/√d_k scaling).
 """
 
 from __future__ import annotations
@@ -28,15 +30,26 @@ from ..errors import (
     ShapeError,
     as_float_array,
     check_alloc,
+    check_flag,
     check_positive_int,
+    check_scale,
     check_text,
     shape_str,
 )
 from ..init import as_rng, init_weight
-from ..kernel import attend, check_inputs
+from ..kernel import attend, check_inputs, check_key_padding, check_mask_and_bias
+from ..nn.layers import LayerNorm
+from ..positional import LearnedPositionalEmbedding, sinusoidal_encoding
+from ..positional_relative import apply_rope
 from ..trace import Step, Trace
+from .explain_notes import head_notes, layer_notes
 
-__all__ = ["explain", "SEED_000_X", "token_embeddings"]
+__all__ = ["explain", "POSITIONS", "SEED_000_X", "SPLITS", "token_embeddings"]
+
+#: The positional encodings ``explain(pos=...)`` can add.
+POSITIONS = ("none", "sinusoidal", "learned", "rope")
+#: The two multi-head layouts of the seeds (the same computation, two ways of writing it).
+SPLITS = ("seed000", "seed001")
 
 #: Seed 000's input: 3 words × 4 dims.
 SEED_000_X = np.array([[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]], dtype=np.float64)
@@ -86,39 +99,70 @@ def explain(
     Wk: Any = None,
     Wv: Any = None,
     Wo: Any = None,
-    d_k: int = 3,
+    d_k: int | None = None,
     d_model: int = 4,
     num_heads: int = 1,
     mask: Any = None,
+    key_padding: Any = None,
     is_causal: bool = False,
+    scale: float | None = None,
+    pos: str = "none",
+    residual: bool = False,
+    norm: str | None = None,
+    split: str = "seed000",
     seed: int = 0,
     scheme: str = "normal",
 ) -> Trace:
-    """Self-attention on ``X`` with every intermediate recorded.
+    """Self-attention on ``X`` with every intermediate recorded, up to a whole layer.
 
     Shapes:
         X        (T, E); default seed 000's (3, 4), or ``token_embeddings(tokens,
                  d_model)`` (T, d_model) when only ``tokens`` are given
-        tokens   T labels (default "word1".. / the tokens given)
-        Wq, Wk   (E, H*d_k);  Wv (E, H*d_k) — head h uses columns h*d_k:(h+1)*d_k
-        Wo       (H*d_k, E_out), optional; without it the heads are just concatenated
-                 (seed 000's multi_head_attention)
+        tokens   T labels (default "word1".., which the report shows as 单词1.. in Chinese)
+        Wq, Wk, Wv  (E, H*d_k) — head h uses columns h*d_k:(h+1)*d_k
+        Wo       (H*d_k, E_out), or True to draw one of (H*d_k, E); without it the
+                 heads are just concatenated (seed 000's multi_head_attention)
         mask     bool, broadcastable to (T, T); True = may attend
-        is_causal  True: token i may attend to tokens j <= i only (combined with mask)
-        -> Trace with steps X, Wq, Wk, Wv, then per head Q, K, V, scores, scaled,
-           [masked], weights, output, then concat [, Wo, projected] for H > 1.
+        key_padding  bool (T,), True = a real token, False = padding (no one attends to it)
+        -> Trace with steps X [, pe, embedded] [, normed_in] Wq, Wk, Wv [, Q_all, K_all,
+           V_all], then per head Q, K, V [, Q_rope, K_rope], scores [, scaled] [, masked],
+           weights, output, then [concat] [, Wo, projected] [, residual] [, normed].
+
+    Options:
+        scale     None: 1/√d_k (the seeds); a number: that factor; 1.0: no scaling, to
+                  see why the seeds scale (the softmax saturates as d_k grows).
+        pos       "none" | "sinusoidal" (seed 001's table, added to X) | "learned" (an
+                  untrained table of N(0, 0.02²), added to X) | "rope" (Q and K rotated
+                  per head; needs an even d_k).
+        residual  add the layer's input back: x + attention(x) (needs E_out = E).
+        norm      "post": LayerNorm(x + attention(x)) (seed 001's code);
+                  "pre": x + attention(LayerNorm(x)). Either implies ``residual``.
+        split     "seed000": each head takes its own columns of Wq (seed 000's
+                  ``E × H·d_k`` layout, one projection per head); "seed001": one
+                  projection of width E = H·d_k, then ``.view(T, H, d_k).transpose``
+                  (seed 001's ``d_model / h`` split; d_k defaults to E // H). The two
+                  are the same computation: head h reads the same columns.
 
     Formula, for each head h (Wq_h = Wq[:, h*d_k:(h+1)*d_k], likewise Wk_h, Wv_h)::
 
         Q, K, V = X·Wq_h, X·Wk_h, X·Wv_h           (T, d_k) each
         scores  = Q·Kᵀ                             (T, T)
-        scaled  = scores / √d_k
-        masked  = scaled, with -∞ where blocked    (only with mask or is_causal)
+        scaled  = scores × scale                   (scale = 1/√d_k by default)
+        masked  = where(allowed, scaled, -∞)      (only with a mask, padding or causal)
         weights = softmax(masked or scaled, axis=-1)   each row sums to 1
         output  = weights·V                        (T, d_k)
 
-    then, for H > 1, concat = [output_1 | … | output_H] (T, H*d_k) and, with Wo,
-    projected = concat·Wo (T, E_out).
+    then concat = [output_1 | … | output_H] (T, H*d_k), projected = concat·Wo,
+    residual = x + projected, normed = LayerNorm(residual) (post-LN).
+
+    ``trace.meta["notes"]`` lists what a learner should know about this run, as data
+    (``{"kind": ..., "head": ..., ...}``; :mod:`attnlab.report` words them): random
+    weights mean nothing (``untrained``); identical input rows that attention cannot
+    tell apart without positions (``same_rows``); a saturated softmax
+    (``saturated``) and whether seed 000's softmax, written without the max
+    subtraction, gives NaN on this input (``naive_overflow``); near-uniform weights
+    (``near_uniform``); rows with nothing to attend to (``fully_masked``); scaling off
+    (``scaling_off``).
 
     Weights not given are drawn from ``seed`` with ``scheme`` ("normal" = the
     seeds' ``randn``; "xavier"; "xavier_normal").
@@ -131,11 +175,20 @@ def explain(
     >>> causal = explain(tokens=["小明", "去了", "学校"], num_heads=2, is_causal=True)
     >>> causal.get("weights", head=1).values.shape, causal.output.shape
     ((3, 3), (3, 6))
+    >>> layer = explain(num_heads=2, split="seed001", Wo=True, norm="post")
+    >>> [s.key for s in layer][-4:], layer.output.shape
+    (['Wo', 'projected', 'residual', 'normed'], (3, 4))
 
     Print it with :func:`attnlab.report.to_text`, save it with :func:`attnlab.report.save`.
     """
     H = check_positive_int(num_heads, "num_heads")
-    D = check_positive_int(d_k, "d_k")
+    if split not in SPLITS:
+        raise AttnlabError(f"split: expected one of {list(SPLITS)}, got {split!r}")
+    if pos not in POSITIONS:
+        raise AttnlabError(f"pos: expected one of {list(POSITIONS)}, got {pos!r}")
+    if norm not in (None, "pre", "post"):
+        raise AttnlabError(f"norm: expected None, 'pre' or 'post', got {norm!r}")
+    residual = check_flag(residual, "residual") or norm is not None
     if tokens is not None:
         tokens = _check_tokens(tokens)
     if X is None:
@@ -147,17 +200,28 @@ def explain(
     T, E = x_arr.shape
     if T == 0 or E == 0:
         raise ShapeError(f"X: expected at least one token and one feature, got {x_arr.shape}")
+    default_tokens = tokens is None
     if tokens is None:
         tokens = [f"word{i + 1}" for i in range(T)]
     elif len(tokens) != T:
         raise AttnlabError(f"tokens: expected {T} labels to match X's rows, got {len(tokens)}")
     tokens = [str(t) for t in tokens]
+    D = _head_dim(d_k, split, E, H)
+    if pos == "rope" and D % 2:
+        raise ShapeError(f"d_k: pos='rope' rotates pairs of features, expected an even d_k, "
+                         f"got {D}")
+    padding = check_key_padding(key_padding, (), T)
+    if padding is not None and padding.shape[-1] != T:
+        raise ShapeError(f"key_padding: expected (T,) = ({T},), got {shape_str(padding.shape)}")
+    scale_value = check_scale(scale, D)
 
     rng = as_rng(seed)
+    drawn = []
     weights = {}
     for name, given in (("Wq", Wq), ("Wk", Wk), ("Wv", Wv)):
         if given is None:
             weights[name] = init_weight(E, H * D, scheme, rng=rng)
+            drawn.append(name)
         else:
             w = as_float_array(given, name)
             if w.shape != (E, H * D):
@@ -166,55 +230,152 @@ def explain(
                     f"d_k = {D}, got {shape_str(w.shape)}"
                 )
             weights[name] = w
+    wo = _output_weights(Wo, H * D, E, scheme, rng)
+    if wo is None and residual and H * D != E:
+        raise ShapeError(f"Wo: the residual x + attention(x) needs the attention output in X's "
+                         f"width E = {E}, got H·d_k = {H}·{D} = {H * D} and no Wo; pass Wo "
+                         f"(or Wo=True) or choose H·d_k = E")
+    if wo is not None and residual and wo.shape[1] != E:
+        raise ShapeError(f"Wo: the residual needs (H*d_k, E) = ({H * D}, {E}), "
+                         f"got {shape_str(wo.shape)}")
+    if Wo is True:
+        drawn.append("Wo")
 
     steps = [Step("X", x_arr, "X")]
+    x_in = x_arr
+    if pos in ("sinusoidal", "learned"):
+        if pos == "sinusoidal":
+            table = sinusoidal_encoding(T, E)  # (T, E)
+            formula = "pe[p, 2i] = sin(p / 10000^(2i/E)),  pe[p, 2i+1] = cos(p / 10000^(2i/E))"
+        else:
+            table = LearnedPositionalEmbedding(T, E, seed=rng).table  # (T, E)
+            formula = "pe ~ N(0, 0.02²), (T, E)"
+            drawn.append("pe")
+        x_in = x_arr + table  # (T, E)
+        steps += [Step("pe", table, formula), Step("embedded", x_in, "x = X + pe")]
+    attn_in = x_in
+    if norm == "pre":
+        attn_in = LayerNorm(E).forward(x_in)  # (T, E)
+        steps.append(Step("normed_in", attn_in, "LayerNorm(x) = (x - mean) / √(var + ε)"))
+
     size = f"E × d_k = {E} × {D}" if H == 1 else f"E × H·d_k = {E} × {H}·{D}"
     steps += [Step(n, w, f"{n}: {size}") for n, w in weights.items()]
+    source_name = {"none": "X", "sinusoidal": "x", "learned": "x", "rope": "X"}[pos]
+    if norm == "pre":
+        source_name = "LayerNorm(x)"
+    if split == "seed001":
+        whole = {n: attn_in @ weights["W" + n.lower()] for n in "QKV"}  # (T, H*D) each
+        split_heads = {n: m.reshape(T, H, D).transpose(1, 0, 2) for n, m in whole.items()}
+        steps += [Step(f"{n}_all", m, f"{n}_all = {source_name}·W{n.lower()}    (T, H·d_k)")
+                  for n, m in whole.items()]
+
+    allowed = _allowed(mask, padding, is_causal, T)
     head_outputs = []
-    scale = 1.0 / np.sqrt(D)
+    notes: list[dict[str, Any]] = []
     for h in range(H):
-        cols = slice(h * D, (h + 1) * D)
         tag = {"head": h if H > 1 else None}
-        part = "" if H == 1 else f"[:, {h * D}:{(h + 1) * D}]"  # this head's columns
-        Q = x_arr @ weights["Wq"][:, cols]  # (T, D)
-        K = x_arr @ weights["Wk"][:, cols]  # (T, D)
-        V = x_arr @ weights["Wv"][:, cols]  # (T, D)
-        # The library's one boundary check (mask shape and dtype, causal alignment, ranges).
-        inputs = check_inputs(Q, K, V, mask, is_causal=is_causal, scale=scale)
+        if split == "seed001":
+            Q, K, V = (split_heads[n][h] for n in "QKV")  # (T, D) each
+            part = f"[{h}]" if H > 1 else "[0]"
+            formulas = [f"{n} = {n}_all.view(T, H, d_k).transpose(0, 1){part}" for n in "QKV"]
+        else:
+            cols = slice(h * D, (h + 1) * D)
+            part = "" if H == 1 else f"[:, {h * D}:{(h + 1) * D}]"  # this head's columns
+            Q, K, V = (attn_in @ weights["W" + n.lower()][:, cols] for n in "qkv")  # (T, D)
+            formulas = [f"{n} = {source_name}·W{n.lower()}{part}" for n in "QKV"]
+        steps += [Step(n, m, f, **tag) for n, m, f in zip("QKV", (Q, K, V), formulas,
+                                                           strict=True)]
+        if pos == "rope":
+            Q, K = apply_rope(Q), apply_rope(K)  # (T, D): pair i of row p turned by p·θ_i
+            steps += [Step("Q_rope", Q, "Q_rope[p] = R(p·θ)·Q[p]", **tag),
+                      Step("K_rope", K, "K_rope[p] = R(p·θ)·K[p]", **tag)]
+        # The library's one boundary check (mask shape and dtype, ranges).
+        inputs = check_inputs(Q, K, V, allowed, scale=scale_value)
         scores = Q @ K.T  # (T, T)
-        scaled = scores * inputs.scale  # (T, T)
-        steps += [
-            Step("Q", Q, f"Q = X·Wq{part}", **tag),
-            Step("K", K, f"K = X·Wk{part}", **tag),
-            Step("V", V, f"V = X·Wv{part}", **tag),
-            Step("scores", scores, "scores = Q·Kᵀ", **tag),
-            Step("scaled", scaled, f"scaled = scores / √d_k = scores / √{D}", **tag),
-        ]
-        source = "scaled"
-        if inputs.allowed is not None:
+        steps.append(Step("scores", scores, "scores = Q·Kᵀ", **tag))
+        source = "scores"
+        if scale_value != 1.0:
+            scaled = scores * inputs.scale  # (T, T)
+            formula = (f"scaled = scores / √d_k = scores / √{D}" if scale is None
+                       else f"scaled = scores × {scale_value:g}")
+            steps.append(Step("scaled", scaled, formula, **tag))
+            source = "scaled"
+        else:
+            scaled = scores
+        if allowed is not None:
+            masked = np.where(allowed, scaled, -np.inf)  # (T, T)
+            steps.append(Step("masked", masked, f"masked = where(allowed, {source}, -∞)", **tag))
             source = "masked"
-            masked = np.where(inputs.allowed, scaled, -np.inf)  # (T, T)
-            steps.append(Step("masked", masked, "masked = scaled where allowed, else -∞", **tag))
         out, probs = attend(inputs.q, inputs.k, inputs.v, inputs.allowed, None, inputs.scale)
         steps += [
             Step("weights", probs, f"weights = softmax({source}, axis=-1)", **tag),  # (T, T)
             Step("output", out, "output = weights·V", **tag),  # (T, D)
         ]
+        notes += head_notes(scaled, probs, allowed, h if H > 1 else None)
         head_outputs.append(out)
 
+    result = head_outputs[0]
     if H > 1:
-        concat = np.concatenate(head_outputs, axis=-1)  # (T, H*D)
-        parts = [f"head_{h + 1}" for h in range(H)] if H <= 4 else ["head_1", "…", f"head_{H}"]
-        steps.append(Step("concat", concat, "concat = [" + " | ".join(parts) + "]"))
-        if Wo is not None:
-            wo = as_float_array(Wo, "Wo")
-            if wo.ndim != 2 or wo.shape[0] != H * D:
-                raise ShapeError(f"Wo: expected ({H * D}, E_out), got {shape_str(wo.shape)}")
-            steps += [Step("Wo", wo, f"Wo: H·d_k × E_out = {H}·{D} × {wo.shape[1]}"),
-                      Step("projected", concat @ wo, "out = concat·Wo")]
-    elif Wo is not None:
-        raise AttnlabError("Wo: only used with num_heads > 1 (it mixes the heads)")
+        result = np.concatenate(head_outputs, axis=-1)  # (T, H*D)
+        if split == "seed001":
+            formula = "concat = output.transpose(0, 1).contiguous().view(T, H·d_k)"
+        else:
+            parts = [f"head_{h + 1}" for h in range(H)] if H <= 4 else [
+                "head_1", "…", f"head_{H}"]
+            formula = "concat = [" + " | ".join(parts) + "]"
+        steps.append(Step("concat", result, formula))
+    if wo is not None:
+        result = result @ wo  # (T, E_out)
+        what = "concat" if H > 1 else "output"
+        steps += [Step("Wo", wo, f"Wo: H·d_k × E_out = {H}·{D} × {wo.shape[1]}"),
+                  Step("projected", result, f"projected = {what}·Wo")]
+    if residual:
+        result = x_in + result  # (T, E)
+        steps.append(Step("residual", result, "residual = x + attention(x)"))
+        if norm == "post":
+            result = LayerNorm(E).forward(result)  # (T, E)
+            steps.append(Step("normed", result,
+                              "normed = LayerNorm(residual) = (r - mean) / √(var + ε)"))
 
-    meta = {"T": T, "E": E, "d_k": D, "num_heads": H, "scale": scale, "is_causal": is_causal,
-            "masked": mask is not None, "seed": seed, "scheme": scheme}
+    notes = layer_notes(attn_in, allowed, pos, tokens, scale, drawn, X is None) + notes
+    meta = {"T": T, "E": E, "d_k": D, "num_heads": H, "scale": scale_value,
+            "is_causal": is_causal, "masked": mask is not None,
+            "key_padding": None if padding is None else padding.tolist(), "pos": pos,
+            "residual": residual, "norm": norm, "split": split, "seed": seed, "scheme": scheme,
+            "default_tokens": default_tokens, "notes": notes}
     return Trace(steps=steps, tokens=tokens, meta=meta)
+
+
+def _head_dim(d_k: int | None, split: str, E: int, H: int) -> int:
+    """d_k: given, or 3 (seed 000's) / E // H (seed 001's d_model / h, which must divide)."""
+    if split == "seed001":
+        if E % H:
+            raise ShapeError(f"num_heads: split='seed001' divides E = {E} into {H} heads "
+                             f"(seed 001's assert d_model % h == 0), got a remainder {E % H}")
+        if d_k is not None and check_positive_int(d_k, "d_k") * H != E:
+            raise ShapeError(f"d_k: split='seed001' uses d_k = E / H = {E // H}, got {d_k}")
+        return E // H
+    return 3 if d_k is None else check_positive_int(d_k, "d_k")
+
+
+def _output_weights(Wo: Any, width: int, E: int, scheme: str, rng: np.random.Generator,
+                    ) -> np.ndarray | None:
+    """Wo as given, drawn (True) as (H*d_k, E), or None."""
+    if Wo is None or Wo is False:
+        return None
+    if Wo is True:
+        return init_weight(width, E, scheme, rng=rng)
+    wo = as_float_array(Wo, "Wo")
+    if wo.ndim != 2 or wo.shape[0] != width or 0 in wo.shape:
+        raise ShapeError(f"Wo: expected (H*d_k, E_out) = ({width}, E_out), "
+                         f"got {shape_str(wo.shape)}")
+    return wo
+
+
+def _allowed(mask: Any, padding: np.ndarray | None, is_causal: Any, T: int) -> np.ndarray | None:
+    """One (T, T) bool matrix from the mask, the key padding and causality (or None)."""
+    allowed, _, _ = check_mask_and_bias(mask, None, is_causal, (T, T), np.float64)
+    if padding is not None:
+        keys = np.broadcast_to(padding, (T, T))  # (T, S): column j is key j
+        allowed = keys.copy() if allowed is None else np.broadcast_to(allowed, (T, T)) & keys
+    return None if allowed is None else np.broadcast_to(allowed, (T, T)).copy()

@@ -171,7 +171,8 @@ def grad_norms(
     """
     check_thresholds(vanish_below, explode_above)
     if callable(dout):
-        out = mha(x, context, mask, key_padding=key_padding, bias=bias, is_causal=is_causal)
+        out, _ = mha(x, context, mask=mask, key_padding=key_padding, bias=bias,
+                     is_causal=is_causal)
         dout = dout(out)
     grads = mha_backward(
         mha, x, dout, context, mask, key_padding=key_padding, bias=bias, is_causal=is_causal

@@ -22,21 +22,23 @@ from typing import Any
 import numpy as np
 
 from ..attention import MAX_SCORE_ELEMENTS
-from ..errors import AttnlabError, ShapeError, shape_str
+from ..errors import AttnlabError, ShapeError, check_flag, shape_str
+from ..fast.varlen import check_cu_seqlens
 from ..masks import padding_mask
 from ..nn.layers import EncoderBlock, FeedForward, LayerNorm, layer_norm_inplace
 from ..nn.multihead import MultiHeadAttention
 from ..trace import Recorder, Trace
 from .config import ACTIVATION, IGNORED_TENSORS, BertConfig, check_tensors
-from .fused import fusable, fused_encoder
+from .fused import fusable, fused_encoder, fused_encoder_packed
 
-__all__ = ["BertModel"]
+__all__ = ["BertModel", "check_max_length"]
 
 
 class BertModel:
     """A BERT encoder running on attnlab's NumPy attention.
 
     Shapes: ``forward(input_ids (B, T), attention_mask (B, T))`` -> hidden (B, T, E);
+    ``forward_packed(input_ids (N,), cu_seqlens (B + 1,))`` -> hidden (N, E);
     ``encode(texts)`` -> (n, E) float32 sentence embeddings;
     ``run(text)`` -> a :class:`attnlab.Trace` with per-layer, per-head steps.
     """
@@ -51,11 +53,8 @@ class BertModel:
         name: str = "bert",
     ):
         check_tensors(tensors, config, name)
-        if not 1 <= max_length <= config.max_position_embeddings:
-            raise AttnlabError(f"max_length: expected 1..{config.max_position_embeddings}, "
-                               f"got {max_length}")
-        self.config, self.tokenizer, self.max_length, self.name = (
-            config, tokenizer, max_length, name)
+        self.config, self.tokenizer, self.name = config, tokenizer, name
+        self.max_length = max_length  # checked, and handed to the tokenizer
         t = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()
              if k not in IGNORED_TENSORS}
         eps, H = config.layer_norm_eps, config.num_attention_heads
@@ -96,6 +95,17 @@ class BertModel:
             self.layers.append(EncoderBlock.from_parts(attn, norm1, ffn, norm2, norm="post"))
 
     # ---- tokenising ------------------------------------------------------------
+
+    @property
+    def max_length(self) -> int:
+        """Tokens kept per text (longer input is truncated); settable at any time."""
+        return self._max_length
+
+    @max_length.setter
+    def max_length(self, value: int) -> None:
+        self._max_length = check_max_length(value, self.config)
+        if self.tokenizer is not None:  # the tokenizer is what truncates
+            self.tokenizer.enable_truncation(max_length=self._max_length)
 
     def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
         """Token ids (B, T) padded with pad_token_id, attention mask (B, T) of 0/1, tokens."""
@@ -171,34 +181,99 @@ class BertModel:
             x = layer.forward(x, allowed, recorder=recorder)  # (B, T, E)
         return x
 
+    def forward_packed(self, input_ids: Any, cu_seqlens: Any) -> np.ndarray:
+        """Last hidden states (N, E) of B sequences packed one after another, without padding.
+
+        Shapes: input_ids (N,) integer, the sequences' token ids concatenated;
+        cu_seqlens (B + 1,) int, sequence b = ids[cu_seqlens[b] : cu_seqlens[b + 1]]
+        (FlashAttention's varlen layout, see :mod:`attnlab.fast.varlen`) -> (N, E).
+
+        Each sequence is encoded as if alone: its positions start at 0 and its
+        tokens attend only to each other. Equals ``forward`` of the padded batch
+        at the real tokens (to float32 rounding), without computing any padding.
+        """
+        ids = np.asarray(input_ids)
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ShapeError(f"input_ids: expected integer (N,) packed token ids, got "
+                             f"{ids.dtype} {shape_str(ids.shape)}")
+        cu = check_cu_seqlens(cu_seqlens, "cu_seqlens", ids.shape[0], "input_ids.shape[0]")
+        lengths = np.diff(cu)  # (B,)
+        longest = int(lengths.max()) if lengths.size else 0
+        if longest > self.config.max_position_embeddings:
+            raise ShapeError(f"cu_seqlens: expected sequences of at most "
+                             f"{self.config.max_position_embeddings} tokens, got {longest}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
+            raise AttnlabError(f"input_ids: expected ids in [0, {self.config.vocab_size}), "
+                               f"got [{ids.min()}, {ids.max()}]")
+        positions = np.arange(ids.shape[0]) - np.repeat(cu[:-1], lengths)  # (N,) from 0 each
+        x = self.word_embeddings[ids]  # (N, E), a new array: summed in place
+        x += self.position_embeddings[positions]  # (N, E)
+        x += self.token_type_embeddings[0]  # (E,)
+        norm = self.embedding_norm
+        x = layer_norm_inplace(x, norm.gamma, norm.beta, norm.eps)  # (N, E)
+        if ids.size and all(fusable(layer) for layer in self.layers):
+            hidden = fused_encoder_packed(self.layers, x, cu)  # (N, E)
+            if np.isfinite(hidden).all():
+                return hidden
+            # An overflow or a NaN on the way: the plain blocks say where.
+        # The plain twin: each sequence alone through the blocks, checked once per sequence.
+        for b in range(lengths.size):
+            rows = slice(int(cu[b]), int(cu[b + 1]))
+            seq = x[None, rows]  # (1, T_b, E)
+            for layer in self.layers:
+                seq = layer(seq)  # (1, T_b, E)
+            x[rows] = seq[0]
+        return x
+
     def encode(self, texts: list[str], batch_size: int = 32, *,
-               normalize: bool = True) -> np.ndarray:
+               normalize: bool = True, pack: bool = True) -> np.ndarray:
         """Sentence embeddings (n, E) float32: mean over real tokens, then L2-normalised.
 
-        Texts are tokenised once, sorted by their number of tokens and batched, so
-        each batch is padded to the least possible length (sentence-transformers
-        sorts by number of characters, a rougher guide: a Chinese character is
-        about one token, an English word of five letters about one); the result
-        is in the input order.
+        Texts are tokenised once, sorted by their number of tokens and batched
+        (sentence-transformers sorts by number of characters, a rougher guide: a
+        Chinese character is about one token, an English word of five letters
+        about one); the result is in the input order.
+
+        ``pack=True`` (the default) packs each batch's sequences one after another
+        without padding (:meth:`forward_packed`): no work is spent on padding
+        tokens. ``pack=False`` pads each batch to its longest member and masks
+        the padding (:meth:`forward`), as sentence-transformers does; both give
+        the same embeddings to float32 rounding.
         """
         texts = [texts] if isinstance(texts, str) else _text_list(texts)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise AttnlabError(f"batch_size: expected a positive integer, got {batch_size!r}")
+        pack = check_flag(pack, "pack")
         sequences = [e.ids for e in self.tokenizer.encode_batch(texts)]
         order = np.argsort([-len(seq) for seq in sequences], kind="stable")
         out = np.zeros((len(texts), self.config.hidden_size), dtype=np.float32)  # (n, E)
         for start in range(0, len(texts), batch_size):
             chunk = order[start: start + batch_size]
-            ids, real = self._pad([sequences[i] for i in chunk])  # (b, T), (b, T)
-            hidden = self.forward(ids, real)  # (b, T, E)
-            weights = real[..., None].astype(np.float32)  # (b, T, 1)
-            summed = (hidden * weights).sum(axis=1)  # (b, E)
-            pooled = summed / np.maximum(weights.sum(axis=1), 1e-9)  # (b, E)
+            if pack:
+                pooled = self._encode_packed([sequences[i] for i in chunk])  # (b, E)
+            else:
+                ids, real = self._pad([sequences[i] for i in chunk])  # (b, T), (b, T)
+                hidden = self.forward(ids, real)  # (b, T, E)
+                weights = real[..., None].astype(np.float32)  # (b, T, 1)
+                summed = (hidden * weights).sum(axis=1)  # (b, E)
+                pooled = summed / np.maximum(weights.sum(axis=1), 1e-9)  # (b, E)
             if normalize:
                 norms = np.linalg.norm(pooled, axis=-1, keepdims=True)  # (b, 1)
                 pooled = pooled / np.maximum(norms, 1e-12)
             out[chunk] = pooled
         return out
+
+    def _encode_packed(self, sequences: list[list[int]]) -> np.ndarray:
+        """Mean-pooled hidden states (b, E) of token id lists, packed without padding."""
+        lengths = np.array([len(seq) for seq in sequences], dtype=np.int64)  # (b,)
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # (b + 1,)
+        ids = np.fromiter((i for seq in sequences for i in seq), dtype=np.int64,
+                          count=int(cu[-1]))  # (N,)
+        hidden = self.forward_packed(ids, cu)  # (N, E)
+        pooled = np.zeros((len(sequences), hidden.shape[1]), dtype=np.float32)  # (b, E)
+        real = lengths > 0  # a tokenizer without special tokens can give an empty text
+        pooled[real] = np.add.reduceat(hidden, cu[:-1][real], axis=0)  # (b', E) row sums
+        return pooled / np.maximum(lengths, 1)[:, None].astype(np.float32)  # (b, E)
 
     def run(
         self,
@@ -232,6 +307,18 @@ class BertModel:
         """Attention weights of every layer and head (L, H, T, T), and the tokens."""
         trace = self.run(text)
         return trace.attention(), trace.tokens
+
+
+def check_max_length(value: Any, config: BertConfig) -> int:
+    """``max_length``: an int in 1..max_position_embeddings (the model has no positions
+    beyond them)."""
+    limit = config.max_position_embeddings
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
+        1 <= value <= limit
+    ):
+        raise AttnlabError(f"max_length: expected an integer in 1..{limit} "
+                           f"(max_position_embeddings), got {value!r}")
+    return int(value)
 
 
 def _text_list(texts: Any) -> list[str]:

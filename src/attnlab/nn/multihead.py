@@ -37,7 +37,7 @@ from ..errors import (
     shape_str,
 )
 from ..init import as_rng, init_weight
-from ..kernel import abs_max, attend, check_mask_and_bias, check_score_range
+from ..kernel import abs_max, attend, check_mask_and_bias, check_score_range, check_softcap
 from ..positional_relative import RotaryEmbedding, alibi_bias
 from ..trace import Recorder
 
@@ -63,7 +63,8 @@ class MultiHeadAttention:
     """Multi-head (and grouped-query) attention with explicit NumPy parameters.
 
     Parameters (all (in, out)):
-        Wq (E, H*D), Wk (Ekv, Hkv*D), Wv (Ekv, Hkv*Dv), Wo (H*Dv, E_out)
+        Wq (E, H*D), Wk (Ekv, Hkv*D), Wv (Ev, Hkv*Dv), Wo (H*Dv, E_out)
+        (Ev = Ekv unless values come from their own input, torch's ``vdim``)
         bq (H*D,), bk (Hkv*D,), bv (Hkv*Dv,), bo (E_out,) — optional biases
         num_heads H, num_kv_heads Hkv (default H; H must be a multiple of Hkv)
         rope   an :class:`attnlab.positional_relative.RotaryEmbedding` applied to queries and
@@ -74,9 +75,14 @@ class MultiHeadAttention:
     Build random ones with :meth:`init`; build from arrays directly to check
     against another implementation.
 
+    A call returns an ``(out, weights)`` pair (``weights`` is None unless
+    ``return_weights``), the same as the torch twin and ``torch.nn.MultiheadAttention``;
+    masks and flags are keyword-only.
+
     >>> mha = MultiHeadAttention.init(2, 8, seed=0)
     >>> x = np.ones((1, 3, 8))
-    >>> mha(x).shape
+    >>> out, _ = mha(x)
+    >>> out.shape
     (1, 3, 8)
     >>> out, weights = mha(x, return_weights=True)
     >>> weights.shape
@@ -123,11 +129,6 @@ class MultiHeadAttention:
                 f"Wk: expected (Ekv, Hkv*D) = (Ekv, {Hkv * D}) for Hkv = {Hkv}, D = {D}, "
                 f"got {shape_str(self.Wk.shape)}"
             )
-        if self.Wv.shape[0] != self.Wk.shape[0]:
-            raise ShapeError(
-                f"Wv: expected ({self.Wk.shape[0]}, Hkv*Dv) to read the same input as Wk, "
-                f"got {shape_str(self.Wv.shape)}"
-            )
         if self.Wv.shape[1] % Hkv:
             raise ShapeError(
                 f"Wv: expected (Ekv, Hkv*Dv) with Hkv = {Hkv} dividing its width, "
@@ -164,6 +165,7 @@ class MultiHeadAttention:
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         d_context: int | None = None,
+        d_value_context: int | None = None,
         use_bias: bool = True,
         scheme: str = "xavier",
         v_gain: float = 1.0,
@@ -176,7 +178,9 @@ class MultiHeadAttention:
         """Random parameters: Xavier/Glorot by default, zero biases.
 
         ``head_dim`` defaults to d_model // num_heads; ``d_context`` (Ekv) is the
-        width of the keys/values' input for cross-attention (default d_model).
+        width of the keys/values' input for cross-attention (default d_model), and
+        ``d_value_context`` (Ev) that of the values' when they come from their own
+        input (default Ekv; torch's ``kdim`` and ``vdim``).
         ``scheme`` is "xavier", "xavier_normal" or "normal" (the seeds' randn);
         ``v_gain`` < 1 scales Wv down (seed 001's "smaller scale for V").
         ``rope=True`` rotates queries and keys (RoPE, base ``rope_base``);
@@ -195,6 +199,9 @@ class MultiHeadAttention:
             head_dim = E // H
         D = check_positive_int(head_dim, "head_dim")
         Ekv = E if d_context is None else check_positive_int(d_context, "d_context")
+        Ev = Ekv if d_value_context is None else check_positive_int(
+            d_value_context, "d_value_context"
+        )
         try:
             float_dtype = np.dtype(dtype)
         except (TypeError, ValueError, UnicodeError):  # not a dtype, e.g. a tensor
@@ -211,7 +218,7 @@ class MultiHeadAttention:
         return cls(
             Wq=init_weight(E, H * D, scheme, rng=rng).astype(dtype),
             Wk=init_weight(Ekv, Hkv * D, scheme, rng=rng).astype(dtype),
-            Wv=init_weight(Ekv, Hkv * D, scheme, rng=rng, gain=v_gain, std=v_gain).astype(dtype),
+            Wv=init_weight(Ev, Hkv * D, scheme, rng=rng, gain=v_gain, std=v_gain).astype(dtype),
             Wo=init_weight(H * D, E, scheme, rng=rng).astype(dtype),
             num_heads=H,
             num_kv_heads=Hkv,
@@ -226,12 +233,14 @@ class MultiHeadAttention:
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     def project(
-        self, x: np.ndarray, context: np.ndarray
+        self, x: np.ndarray, context: np.ndarray, value: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Q, K, V split into heads: (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)."""
+        """Q, K, V split into heads: (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv).
+
+        Keys come from ``context``, values from ``value`` (default: ``context``)."""
         q = linear(x, self.Wq, self.bq)  # (..., T, H*D)
         k = linear(context, self.Wk, self.bk)  # (..., S, Hkv*D)
-        v = linear(context, self.Wv, self.bv)  # (..., S, Hkv*Dv)
+        v = linear(context if value is None else value, self.Wv, self.bv)  # (..., S, Hkv*Dv)
         Hkv = self.num_kv_heads or self.num_heads  # an int after __post_init__
         return (
             split_heads(q, self.num_heads),  # (..., H, T, D)
@@ -292,32 +301,73 @@ class MultiHeadAttention:
         self,
         x: Any,
         context: Any = None,
-        mask: Any = None,
+        value: Any = None,
         *,
+        mask: Any = None,
         key_padding: Any = None,
         bias: Any = None,
         is_causal: bool = False,
         return_weights: bool = False,
+        average_attn_weights: bool = False,
+        softcap: float | None = None,
         recorder: Recorder | None = None,
-    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """Attend from ``x`` to ``context`` (default: ``x`` itself).
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Attend from ``x`` to ``context`` (default: ``x`` itself); returns ``(out, weights)``,
+        ``weights`` None unless ``return_weights``.
 
         Shapes:
             x           (B, T, E) or (T, E)
-            context     (B, S, Ekv) or (S, Ekv); None = self-attention
+            context     (B, S, Ekv) or (S, Ekv): the keys' input (and the values'
+                        unless ``value`` is given); None = self-attention
+            value       (B, S, Ev) or (S, Ev): the values' input; None = ``context``
             mask        bool, broadcastable to (B, H, T, S); True = may attend
             key_padding bool (B, S); True = a real token (may be attended to)
             bias        float, broadcastable to (B, H, T, S), e.g. ALiBi (H, T, S)
+            softcap     c: scores c·tanh(s / c) before bias and mask (Gemma 2), or None
             recorder    an :class:`attnlab.trace.Recorder` to keep Q, K, V, scores,
                         weights, per-head outputs (per head, one batch item)
-            ->          out (B, T, E_out), and per-head weights (B, H, T, S)
+            ->          out (B, T, E_out), and per-head weights (B, H, T, S) if
+                        ``return_weights`` ((B, T, S), their mean over heads, with
+                        ``average_attn_weights``, torch's default), else None
+
+        Masks and flags are keyword-only (torch's 4th positional argument is
+        ``key_padding_mask``, True = padding: the opposite of attnlab's masks).
         """
         return_weights = check_flag(return_weights, "return_weights")
+        average = check_flag(average_attn_weights, "average_attn_weights")
         x_arr, ctx, allowed, bias_arr, is_causal = self.check_call(
             x, context, mask, key_padding=key_padding, bias=bias, is_causal=is_causal
         )
-        out, weights = self.forward(x_arr, ctx, allowed, bias_arr, recorder=recorder)
-        return (out, weights) if return_weights else out
+        value_arr = self.check_value(value, ctx)
+        out, weights = self.forward(x_arr, ctx, allowed, bias_arr, recorder=recorder,
+                                    value=value_arr, softcap=check_softcap(softcap))
+        if not return_weights:
+            return out, None
+        return out, (weights.mean(axis=-3) if average else weights)  # (B, T, S) or (B, H, T, S)
+
+    def check_value(self, value: Any, context: np.ndarray) -> np.ndarray | None:
+        """The values' own input: (B, S, Ev), the keys' batch and length. -> a float array
+        (None: the values read ``context``, which needs Wv to read its width)."""
+        if value is None:
+            if self.Wv.shape[0] != self.Wk.shape[0]:
+                raise ShapeError(
+                    f"value: expected an input of width {self.Wv.shape[0]} (Wv reads its own "
+                    f"input, Wk one of width {self.Wk.shape[0]}), got None"
+                )
+            return None
+        if isinstance(value, np.ndarray) and value.dtype == np.bool_:
+            raise AttnlabError(
+                "value: expected a float array, got a bool one (masks are keyword-only: "
+                "mask=..., key_padding=...)"
+            )
+        arr = as_float_array(value, "value")
+        expected = (*context.shape[:-1], self.Wv.shape[0])
+        if arr.shape != expected:
+            raise ShapeError(
+                f"value: expected {shape_str(expected)} (the keys' batch and length, Wv's "
+                f"width), got {shape_str(arr.shape)}"
+            )
+        return arr
 
     def check_call(
         self, x: Any, context: Any = None, mask: Any = None, *, key_padding: Any = None,
@@ -347,14 +397,15 @@ class MultiHeadAttention:
     def forward(
         self, x: np.ndarray, context: np.ndarray, allowed: np.ndarray | None = None,
         bias: np.ndarray | None = None, *, recorder: Recorder | None = None,
+        value: np.ndarray | None = None, softcap: float | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The computation of a call, on arguments already checked by :meth:`check_call`.
 
-        Shapes: x (B, T, E), context (B, S, Ekv), allowed and bias broadcastable
-        to (B, H, T, S) -> out (B, T, E_out), weights (B, H, T, S). No checks
-        but the scores' overflow bound (O(T·D), read from q and k).
+        Shapes: x (B, T, E), context (B, S, Ekv), value (B, S, Ev) (default: context),
+        allowed and bias broadcastable to (B, H, T, S) -> out (B, T, E_out), weights
+        (B, H, T, S). No checks but the scores' overflow bound (O(T·D), read from q and k).
         """
-        q, k, v = self.project(x, context)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
+        q, k, v = self.project(x, context, value)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
         T, S = q.shape[-2], k.shape[-2]
         if self.rope is not None:
             q = self.rope(q, np.arange(S - T, S))  # (B, H, T, D)
@@ -370,7 +421,8 @@ class MultiHeadAttention:
             abs_max(q), abs_max(k), self.head_dim, scale, q.dtype,
             bias_max=float(np.max(bias)) if bias is not None and bias.size else 0.0,
         )
-        heads, weights = attend(q, k, v, allowed, bias, scale)  # (B, H, T, Dv), (B, H, T, S)
+        heads, weights = attend(q, k, v, allowed, bias, scale,
+                                softcap=softcap)  # (B, H, T, Dv), (B, H, T, S)
         out = linear(merge_heads(heads), self.Wo, self.bo)  # (B, T, E_out)
         if recorder is not None:
             self._record(recorder, x, q, k, v, weights, heads, out)

@@ -9,18 +9,31 @@ is made in the layers below; everything here turns it into words, pictures and p
     print(report.to_text(trace, "zh"))     # or to_markdown(trace), to_json(trace)
     report.save(trace, "out/")             # heatmap.png, heatmap.svg, trace.json, trace.md
     report.view(trace)                     # the interactive viewer (shows itself in Jupyter)
+    report.draw("flash", lang="zh")        # a concept: flash, kvcache, positions, sparse
 """
 
+from .concepts import draw, draw_all
 from .figures import new_figure, save_figure
 from .heatmaps import plot_attention, plot_head_grid
 from .render import plot, save, view
-from .text import diagnostics_table, step_note, step_title, to_json, to_markdown, to_text
+from .text import (
+    diagnostics_table,
+    note_lines,
+    step_note,
+    step_title,
+    to_json,
+    to_markdown,
+    to_text,
+)
 from .viewer import AttentionView, render_html
 
 __all__ = [
     "AttentionView",
     "diagnostics_table",
+    "draw",
+    "draw_all",
     "new_figure",
+    "note_lines",
     "plot",
     "plot_attention",
     "plot_head_grid",

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import AttnlabError, missing_extra
 
-__all__ = ["CJK_FONT_ENV", "MissingCJKFontWarning", "clear_font_cache", "find_cjk_font",
+__all__ = ["CJK_FONT_ENV", "CJK_RE", "MissingCJKFontWarning", "clear_font_cache", "find_cjk_font",
            "font_context", "require_matplotlib", "warn_if_cjk_unrenderable"]
 
 CJK_FONT_ENV = "ATTNLAB_CJK_FONT"
@@ -54,7 +54,7 @@ _CJK_FAMILIES = (
     "Arial Unicode MS",
 )
 _PROBE = "学小明"  # a font must cover these to count as CJK-capable
-_CJK_RE = re.compile(
+CJK_RE = re.compile(
     "[\u2e80-\u2fff\u3000-\u30ff\u3100-\u31ff\u3200-\u9fff\uac00-\ud7af"
     "\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef\U00020000-\U0003ffff]"
 )
@@ -206,7 +206,7 @@ def warn_if_cjk_unrenderable(texts: Sequence[str], families: list[str], caller: 
     CJK characters and ``families`` holds no CJK font."""
     if len(families) > 1:
         return
-    cjk_texts = [text for text in texts if _CJK_RE.search(text)]
+    cjk_texts = [text for text in texts if CJK_RE.search(text)]
     if cjk_texts:
         warnings.warn(
             MissingCJKFontWarning(

@@ -35,6 +35,7 @@ silently. The defaults ``vmin=0.0, vmax=1.0`` fit attention weights; pass
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -47,11 +48,13 @@ from ..errors import (
     as_float_array,
     check_positive_int,
     check_text,
+    describe,
     shape_str,
 )
 from .figures import check_cmap, colour_limits, new_figure, save_figure
 from .fonts import (
     CJK_FONT_ENV,
+    CJK_RE,
     MissingCJKFontWarning,
     find_cjk_font,
     font_context,
@@ -67,6 +70,8 @@ if TYPE_CHECKING:
 __all__ = [
     "CJK_FONT_ENV",
     "MissingCJKFontWarning",
+    "declutter_ticks",
+    "hatch_blocked",
     "find_cjk_font",
     "font_context",
     "plot_attention",
@@ -77,6 +82,7 @@ __all__ = [
 
 _MAX_TICK_LABELS = 40  # above this many positions, labels overlap: show indices instead
 _MAX_ANNOTATED_CELLS = 100
+_MAX_GRID_ANNOTATED_CELLS = 64  # a grid panel is smaller: 8 × 8 numbers still read
 _LANGS = ("en", "zh")
 
 
@@ -137,34 +143,80 @@ def _root_figure(ax: Axes) -> Figure:
 def _set_ticks(
     ax: Axes, labels: list[str], axis: str, families: list[str], fontsize: float
 ) -> None:
-    """Label every position if it fits; otherwise leave matplotlib's integer ticks."""
+    """Label every position if it fits; otherwise leave matplotlib's integer ticks.
+
+    Long Latin labels on x are turned 90°; CJK labels never are (a turned Chinese
+    character reads sideways): :func:`declutter_ticks` thins them instead.
+    """
     if len(labels) > _MAX_TICK_LABELS:
         return
     positions = list(range(len(labels)))
     if axis == "x":
-        rotate = len(labels) > 6 or max(len(label) for label in labels) > 4
+        cjk = any(CJK_RE.search(label) for label in labels)
+        rotate = not cjk and (len(labels) > 6 or max(len(label) for label in labels) > 4)
         ax.set_xticks(
             positions,
             labels,
             fontfamily=families,
             fontsize=fontsize,
-            rotation=45 if rotate else 0,
-            ha="right" if rotate else "center",
-            rotation_mode="anchor",
+            rotation=90 if rotate else 0,
+            ha="center",
+            va="top",
         )
     else:
         ax.set_yticks(positions, labels, fontfamily=families, fontsize=fontsize)
 
 
+def declutter_ticks(fig: Figure) -> None:
+    """Hide tick labels that would overlap their neighbours, keeping every k-th.
+
+    The figure is laid out once (no pixels drawn) to measure each label; on an axis
+    whose neighbouring labels overlap, only every k-th stays visible, k the smallest
+    step that leaves a gap. Colour bars are left alone.
+    """
+    get_renderer = getattr(fig.canvas, "get_renderer", None)
+    if get_renderer is None:  # a figure on another backend's canvas: left as drawn
+        return
+    with warnings.catch_warnings():  # a glyph no font has: save_figure says it once
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font",
+                                category=UserWarning)
+        fig.draw_without_rendering()
+    renderer = get_renderer()
+    for ax in fig.axes:
+        if ax.get_label() == "<colorbar>":
+            continue
+        for axis, ticks in (("x", ax.get_xticklabels()), ("y", ax.get_yticklabels())):
+            shown = [t for t in ticks if t.get_visible() and t.get_text()]
+            if len(shown) < 2:
+                continue
+            boxes = [t.get_window_extent(renderer) for t in shown]
+            if axis == "x":  # upright or turned 90°, a label's box is its footprint
+                size, gap = max(b.width for b in boxes), abs(boxes[1].x0 - boxes[0].x0)
+            else:
+                size, gap = max(b.height for b in boxes), abs(boxes[1].y0 - boxes[0].y0)
+            if gap <= 0 or size * 1.1 <= gap:
+                continue
+            step = math.ceil(size * 1.1 / gap)
+            for index, tick in enumerate(shown):
+                if index % step:
+                    tick.set_visible(False)
+
+
 def _annotate_cells(
-    ax: Axes, values: np.ndarray, cmap: Colormap, low: float, high: float, families: list[str]
+    ax: Axes, values: np.ndarray, cmap: Colormap, low: float, high: float, families: list[str],
+    allowed: np.ndarray | None = None, fontsize: float | None = None,
 ) -> None:
-    rgba = cmap((values - low) / (high - low))  # (T, S, 4)
+    """Write each value on its cell; a blocked cell (``allowed`` False) is greyed and
+    hatched instead, with no number: its weight is 0 by the mask, not by the scores."""
+    rgba = cmap(np.clip((values - low) / (high - low), 0.0, 1.0))  # (T, S, 4)
     luminance = rgba[..., :3] @ np.array([0.299, 0.587, 0.114])  # (T, S)
     T, S = values.shape
-    fontsize = 10 if max(T, S) <= 6 else 8
+    if fontsize is None:
+        fontsize = 10 if max(T, S) <= 6 else 8
     for row in range(T):
         for col in range(S):
+            if allowed is not None and not allowed[row, col]:
+                continue
             ax.text(
                 col,
                 row,
@@ -175,6 +227,28 @@ def _annotate_cells(
                 fontfamily=families,
                 color="black" if luminance[row, col] > 0.5 else "white",
             )
+    hatch_blocked(ax, allowed)
+
+
+def hatch_blocked(ax: Axes, allowed: np.ndarray | None) -> None:
+    """Grey, hatched cells where ``allowed`` (T, S) is False (drawn over the image)."""
+    from matplotlib.patches import Rectangle
+
+    if allowed is None:
+        return
+    for row, col in zip(*np.nonzero(~allowed), strict=True):
+        ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, facecolor="#d9d9d9",
+                               edgecolor="#7f7f7f", hatch="///", linewidth=0.0))
+
+
+def _check_allowed(allowed: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+    if allowed is None:
+        return None
+    arr = np.asarray(allowed)
+    if arr.dtype != np.bool_ or arr.shape != shape:
+        raise AttnlabError(f"allowed: expected a bool array of shape {shape_str(shape)} "
+                           f"(True = may attend), got {describe(allowed)}")
+    return arr
 
 
 def plot_attention(
@@ -189,6 +263,7 @@ def plot_attention(
     vmin: float | None = 0.0,
     vmax: float | None = 1.0,
     lang: str = "en",
+    allowed: npt.ArrayLike | None = None,
 ) -> Figure:
     """Heatmap of one attention matrix: (T, S) -> Figure. Rows = queries, columns = keys.
 
@@ -205,6 +280,8 @@ def plot_attention(
             attention weights, and values outside explicit limits raise (no silent
             clipping); use ``vmin=None, vmax=None`` for raw scores.
         lang: "en" (axis labels Key / Query) or "zh" (键 (Key) / 查询 (Query)).
+        allowed: bool (T, S), True = may attend: blocked cells are drawn grey and
+            hatched, without a number (a masked weight is not a small one).
 
     Returns:
         The Figure (``ax``'s figure when ``ax`` is given). Save it with :func:`save_figure`.
@@ -235,6 +312,7 @@ def plot_attention(
     if ax is not None and not isinstance(ax, AxesClass):
         raise AttnlabError(f"ax: expected a matplotlib Axes or None, got {type(ax).__name__}")
     colormap = check_cmap(cmap)
+    blocked = _check_allowed(allowed, (T, S))
     low, high = colour_limits(values, vmin, vmax)
     show_values = T * S <= _MAX_ANNOTATED_CELLS if annotate is None else bool(annotate)
     x_word, y_word = _axis_words(lang)
@@ -243,6 +321,7 @@ def plot_attention(
         warn_if_cjk_unrenderable(
             [*rows, *cols, x_word, y_word, title or ""], families, "plot_attention"
         )
+        own_figure = ax is None
         if ax is None:
             fig = new_figure(
                 (min(14.0, max(5.5, 0.55 * S + 3.0)), min(12.0, max(4.5, 0.5 * T + 2.0)))
@@ -260,8 +339,12 @@ def plot_attention(
         if title is not None:
             ax.set_title(title, fontfamily=families)
         if show_values:
-            _annotate_cells(ax, values, colormap, low, high, families)
+            _annotate_cells(ax, values, colormap, low, high, families, blocked)
+        else:
+            hatch_blocked(ax, blocked)
         fig.colorbar(image, ax=ax)
+        if own_figure:  # into a given Axes: the caller lays out (and declutters) its figure
+            declutter_ticks(fig)
     return fig
 
 
@@ -274,6 +357,8 @@ def plot_head_grid(
     ncols: int | None = None,
     title: str | None = None,
     lang: str = "en",
+    annotate: bool | None = None,
+    allowed: npt.ArrayLike | None = None,
 ) -> Figure:
     """One heatmap per head: (H, T, S) or (L, H, T, S) -> Figure with one shared colour bar.
 
@@ -289,6 +374,8 @@ def plot_head_grid(
         ncols: panels per row, only for (H, T, S).
         title: figure title above all panels.
         lang: "en" or "zh".
+        annotate: write each weight on its cell; None: when T * S <= 64.
+        allowed: bool (T, S) shared by the panels: blocked cells greyed and hatched.
 
     All panels share the colour scale 0..1, so colours compare across heads.
 
@@ -341,6 +428,10 @@ def plot_head_grid(
     low, high = colour_limits(values, 0.0, 1.0)
     colormap = check_cmap("YlGnBu")
     x_word, y_word = _axis_words(lang)
+    blocked = _check_allowed(allowed, (T, S))
+    if annotate is not None and not isinstance(annotate, (bool, np.bool_)):
+        raise AttnlabError(f"annotate: expected True, False or None (auto), got {annotate!r}")
+    show_values = T * S <= _MAX_GRID_ANNOTATED_CELLS if annotate is None else bool(annotate)
 
     panel_size = max(1.4, min(3.0, 16.0 / ncols))
     figsize = (ncols * panel_size + 1.2, nrows * panel_size + (0.9 if title else 0.4))
@@ -365,6 +456,11 @@ def plot_head_grid(
                 interpolation="nearest",
             )
             ax.set_title(panel_titles[index], fontfamily=families, fontsize=9)
+            if show_values:
+                _annotate_cells(ax, panels[index], colormap, low, high, families, blocked,
+                                fontsize=7 if max(T, S) <= 6 else 6)
+            else:
+                hatch_blocked(ax, blocked)
             _set_ticks(ax, cols, "x", families, 7)
             _set_ticks(ax, rows, "y", families, 7)
             # Tick labels and axis names only on the outer panels: the bottom panel of
@@ -381,4 +477,5 @@ def plot_head_grid(
         if title is not None:
             fig.suptitle(title, fontfamily=families)
         fig.colorbar(images[0], ax=axes, shrink=0.9)  # one norm: any image will do
+        declutter_ticks(fig)
     return fig

@@ -19,7 +19,8 @@ from ..lens.diagnostics import Diagnostics
 from ..trace import Trace
 from .figures import save_figure
 from .heatmaps import plot_attention, plot_head_grid
-from .text import check_lang, to_json, to_markdown
+from .text import check_lang, to_json, to_markdown, trace_tokens
+from .trace_plots import plot_trace
 from .viewer import AttentionView
 from .words import Lang
 
@@ -30,18 +31,23 @@ __all__ = ["plot", "save", "view"]
 
 
 def plot(trace: Trace, *, lang: Lang = "en", title: str | None = None) -> Figure:
-    """Heatmap of the trace's weights: one head -> a single heatmap, several -> a grid.
+    """The trace drawn: an ``explain`` trace (scores, and weights per head) as
+    :func:`~attnlab.report.trace_plots.plot_trace` draws it, scores beside weights;
+    a trace of weights only (a model's) as one heatmap, or a grid of its heads.
 
     A single head gets seed 000's title ("Attention weights" / "注意力权重热图") unless
     ``title`` is given.
     """
+    check_lang(lang)
+    if any(step.key == "scores" for step in trace.steps):
+        return plot_trace(trace, lang=lang, title=title)
     weights = trace.weights()  # (H, T, S)
-    keys = trace.key_tokens or trace.tokens
+    queries, keys = trace_tokens(trace, lang)
     if len(weights) == 1:
         if title is None:  # seed 000's heatmap title
             title = "注意力权重热图" if lang == "zh" else "Attention weights"
-        return plot_attention(weights[0], trace.tokens, keys, title=title, lang=lang)
-    return plot_head_grid(weights, trace.tokens, keys, title=title, lang=lang)
+        return plot_attention(weights[0], queries, keys, title=title, lang=lang)
+    return plot_head_grid(weights, queries, keys, title=title, lang=lang)
 
 
 def save(trace: Trace, out_dir: str | Path, *, lang: Lang = "en") -> list[Path]:

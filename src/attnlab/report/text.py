@@ -7,7 +7,7 @@ the tables are aligned accordingly.
 >>> from attnlab.lens.explain import explain
 >>> trace = explain(tokens=["小明", "去了", "学校"], num_heads=2, is_causal=True)
 >>> print(to_text(trace, "zh").splitlines()[1])
-词：小明 | 去了 | 学校
+词元：小明 | 去了 | 学校
 """
 
 from __future__ import annotations
@@ -22,19 +22,21 @@ from ..errors import AttnlabError
 from ..lens.diagnostics import Diagnostics
 from ..trace import Step, Trace
 from .words import (
+    COLUMN_NOTES,
     FLAG_TEXT,
     HEAD_COLUMNS,
     LANGS,
     LAYER_COLUMNS,
     LIST_SEP,
+    NOTE_TEXT,
     STEP_TEXT,
     TRACE_WORDS,
     Lang,
 )
 
 __all__ = ["MAX_PRECISION", "check_lang", "check_precision", "diagnostics_table",
-           "display_width", "step_note", "step_title", "to_json", "to_markdown", "to_text",
-           "trace_dict"]
+           "display_width", "note_lines", "step_note", "step_title", "to_json", "to_markdown",
+           "to_text", "trace_dict", "trace_tokens"]
 
 #: Decimals printed at most: float64 holds about 17 significant digits.
 MAX_PRECISION = 17
@@ -44,7 +46,9 @@ _TOKEN_AXES = {
     "X": ("q", None), "Q": ("q", None), "K": ("k", None), "V": ("k", None),
     "scores": ("q", "k"), "scaled": ("q", "k"), "masked": ("q", "k"),
     "weights": ("q", "k"), "output": ("q", None), "concat": ("q", None),
-    "projected": ("q", None),
+    "projected": ("q", None), "pe": ("q", None), "embedded": ("q", None),
+    "normed_in": ("q", None), "Q_all": ("q", None), "K_all": ("k", None), "V_all": ("k", None),
+    "Q_rope": ("q", None), "K_rope": ("k", None), "residual": ("q", None), "normed": ("q", None),
 }
 
 
@@ -111,12 +115,12 @@ def to_text(trace: Trace, lang: Lang = "en", *, precision: int = 4) -> str:
     precision = check_precision(precision)
     words = TRACE_WORDS[lang]
     lines = [f"== {words['trace']} ==",
-             f"{words['tokens']}{words['colon']}" + " | ".join(trace.tokens)]
+             f"{words['tokens']}{words['colon']}" + " | ".join(trace_tokens(trace, lang)[0])]
     for number, step in enumerate(trace.steps, 1):
         lines.append("")
         lines.append(_heading(step, number, lang) + f"    {words['shape']} {step.shape}")
         lines.append(f"  {step.formula}    # {step_note(step, lang)}")
-        row_labels, col_labels = _axis_labels(trace, step)
+        row_labels, col_labels = _axis_labels(trace, step, lang)
         sums = step.values.sum(axis=-1) if step.key == "weights" else None
         lines.extend("  " + row for row in _format_matrix(
             step.values, row_labels, col_labels, precision, sums, words["row_sums"]))
@@ -126,6 +130,9 @@ def to_text(trace: Trace, lang: Lang = "en", *, precision: int = 4) -> str:
                   "  " + words["summary_note"] + words["colon"].rstrip()]
         lines += ["  " + (f"{where}{words['colon']}" if where else "") + "   ".join(pairs)
                   for where, pairs in summary]
+    notes = note_lines(trace, lang)
+    if notes:
+        lines += ["", f"== {words['notes']} =="] + [f"  * {note}" for note in notes]
     return "\n".join(lines)
 
 
@@ -136,13 +143,13 @@ def to_markdown(trace: Trace, lang: Lang = "en", *, precision: int = 4) -> str:
     precision = check_precision(precision)
     words = TRACE_WORDS[lang]
     out = [f"# {words['trace']}", "", f"**{words['tokens']}**{words['colon']}" + " · ".join(
-        _md_escape(t) for t in trace.tokens)]
+        _md_escape(t) for t in trace_tokens(trace, lang)[0])]
     for number, step in enumerate(trace.steps, 1):
         out += ["", f"## {_heading(step, number, lang)}", "",
                 f"`{step.formula}` — {step_note(step, lang)} · {words['shape']} {step.shape}",
                 ""]
         matrix = np.atleast_2d(step.values)
-        row_labels, col_labels = _axis_labels(trace, step)
+        row_labels, col_labels = _axis_labels(trace, step, lang)
         cols = col_labels or [str(j) for j in range(matrix.shape[1])]
         rows = row_labels or [str(i) for i in range(matrix.shape[0])]
         header = ["", *cols] + ([words["row_sums"]] if step.key == "weights" else [])
@@ -159,7 +166,42 @@ def to_markdown(trace: Trace, lang: Lang = "en", *, precision: int = 4) -> str:
                 words["summary_note"] + words["colon"].rstrip(), ""]
         out += ["- " + (f"{where}{words['colon']}" if where else "")
                 + " · ".join(_md_escape(p) for p in pairs) for where, pairs in summary]
+    notes = note_lines(trace, lang)
+    if notes:
+        out += ["", f"## {words['notes']}", ""] + [f"- {_md_escape(note)}" for note in notes]
     return "\n".join(out) + "\n"
+
+
+def note_lines(trace: Trace, lang: Lang = "en") -> list[str]:
+    """The trace's notes (``trace.meta["notes"]``, see :mod:`attnlab.lens.explain_notes`)
+    as sentences in ``lang``; rows and heads are numbered from 1."""
+    check_lang(lang)
+    sep = LIST_SEP[lang]
+    lines = []
+    for note in trace.meta.get("notes", []):
+        template = NOTE_TEXT.get(note.get("kind", ""), {}).get(lang)
+        if template is None:
+            continue
+        head = note.get("head")
+        where = "" if head is None else (
+            f"Head {head + 1}: " if lang == "en" else f"第 {head + 1} 个头：")
+        rows = [r + 1 for r in note.get("rows", [])]
+        fields = {
+            "where": where,
+            "rows": sep.join(map(str, rows)),
+            "positions": sep.join(map(str, rows)),
+            "tokens": sep.join(note.get("tokens", [])),
+            "spread": f"{note.get('spread', 0.0):.4g}",
+            "max_score": f"{note.get('max_score', 0.0):.4g}",
+            "entropy": f"{note.get('entropy', 0.0):.3f}",
+        }
+        text = template.format(**fields)
+        if lang == "en" and where:  # "Head 1: the softmax" -> "Head 1: The softmax"
+            text = where + text[len(where)].upper() + text[len(where) + 1:]
+        elif lang == "en":
+            text = text[0].upper() + text[1:]
+        lines.append(text)
+    return lines
 
 
 def _summary(trace: Trace, lang: Lang, precision: int) -> list[tuple[str, list[str]]]:
@@ -169,7 +211,7 @@ def _summary(trace: Trace, lang: Lang, precision: int) -> list[tuple[str, list[s
         if step.key != "weights":
             continue
         matrix = np.atleast_2d(step.values)  # (T, S)
-        rows, cols = _axis_labels(trace, step)
+        rows, cols = _axis_labels(trace, step, lang)
         rows = rows or [f"#{i + 1}" for i in range(matrix.shape[0])]
         cols = cols or [f"#{j + 1}" for j in range(matrix.shape[1])]
         pairs = []
@@ -184,9 +226,22 @@ def _summary(trace: Trace, lang: Lang, precision: int) -> list[tuple[str, list[s
     return found
 
 
-def _axis_labels(trace: Trace, step: Step) -> tuple[list[str] | None, list[str] | None]:
+def trace_tokens(trace: Trace, lang: Lang = "en") -> tuple[list[str], list[str]]:
+    """(query labels, key labels) of a trace in ``lang``: explain's default labels
+    ("word1".., ``meta["default_tokens"]``) become seed 000's 单词1.. in Chinese."""
+    queries, keys = list(trace.tokens), list(trace.key_tokens or trace.tokens)
+    if trace.meta.get("default_tokens"):
+        word = "单词" if lang == "zh" else "word"
+        queries = [f"{word}{i + 1}" for i in range(len(queries))]
+        keys = [f"{word}{i + 1}" for i in range(len(keys))]
+    return queries, keys
+
+
+def _axis_labels(trace: Trace, step: Step, lang: Lang
+                 ) -> tuple[list[str] | None, list[str] | None]:
     axes = _TOKEN_AXES.get(step.key, (None, None))
-    by_axis = {"q": trace.tokens, "k": trace.key_tokens or trace.tokens, None: None}
+    queries, keys = trace_tokens(trace, lang)
+    by_axis = {"q": queries, "k": keys, None: None}
     rows, cols = by_axis[axes[0]], by_axis[axes[1]]
     values = np.atleast_2d(step.values)
     if rows is not None and len(rows) != values.shape[0]:
@@ -287,6 +342,7 @@ def diagnostics_table(diagnostics: Diagnostics, lang: Lang = "en", *, precision:
         layer_rows.append([str(layer.layer + 1), _cell(layer.mean_js_distance, precision),
                            closest, dupes])
     out += [""] + _table(LAYER_COLUMNS[lang], layer_rows, left={2, 3})
+    out += [""] + [f"  {line}" for line in COLUMN_NOTES[lang]]
     return "\n".join(out)
 
 

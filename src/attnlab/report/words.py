@@ -18,8 +18,8 @@ from ..lens.diagnostics import (
     SINK_SHARE,
 )
 
-__all__ = ["Lang", "LANGS", "STEP_TEXT", "TRACE_WORDS", "FLAG_TEXT", "HEAD_COLUMNS",
-           "LAYER_COLUMNS", "LIST_SEP", "VIEWER_WORDS"]
+__all__ = ["CONCEPT_WORDS", "Lang", "LANGS", "NOTE_TEXT", "STEP_TEXT", "TRACE_WORDS",
+           "COLUMN_NOTES", "FLAG_TEXT", "HEAD_COLUMNS", "LAYER_COLUMNS", "LIST_SEP", "VIEWER_WORDS"]
 
 Lang = Literal["en", "zh"]
 LANGS = ("en", "zh")
@@ -31,39 +31,39 @@ STEP_TEXT: dict[str, dict[str, tuple[str, str]]] = {
     "X": {
         "en": ("Input X", "one row per token: its vector (an embedding, or the previous "
                "layer's output)"),
-        "zh": ("输入 X", "每一行是一个词（token）的向量：词嵌入，或上一层的输出"),
+        "zh": ("输入 X", "每一行是一个词元（token）的向量：词嵌入，或上一层的输出"),
     },
     "Wq": {
         "en": ("Query weights Wq", "projects each token's vector into query space "
                "(a real model learns it in training)"),
-        "zh": ("查询权重 Wq", "把每个词的向量投影到查询（Query）空间（真实模型中由训练学得）"),
+        "zh": ("查询权重 Wq", "把每个词元的向量投影到查询（Query）空间（真实模型中由训练学得）"),
     },
     "Wk": {
         "en": ("Key weights Wk", "projects each token's vector into key space "
                "(a real model learns it in training)"),
-        "zh": ("键权重 Wk", "把每个词的向量投影到键（Key）空间（真实模型中由训练学得）"),
+        "zh": ("键权重 Wk", "把每个词元的向量投影到键（Key）空间（真实模型中由训练学得）"),
     },
     "Wv": {
         "en": ("Value weights Wv", "projects each token's vector into value space "
                "(a real model learns it in training)"),
-        "zh": ("值权重 Wv", "把每个词的向量投影到值（Value）空间（真实模型中由训练学得）"),
+        "zh": ("值权重 Wv", "把每个词元的向量投影到值（Value）空间（真实模型中由训练学得）"),
     },
     "Q": {
         "en": ("Queries Q", "what each token is looking for (like a search query)"),
-        "zh": ("查询 Q", "每个词想“找”什么，相当于搜索请求"),
+        "zh": ("查询 Q", "每个词元想“找”什么，相当于搜索请求"),
     },
     "K": {
         "en": ("Keys K", "what each token can be found by (like a document's index terms)"),
-        "zh": ("键 K", "每个词供查询来匹配的“索引关键词”"),
+        "zh": ("键 K", "每个词元供查询来匹配的“索引关键词”"),
     },
     "V": {
         "en": ("Values V", "the content each token passes on when it is attended to"),
-        "zh": ("值 V", "每个词被关注时真正传递出去的内容"),
+        "zh": ("值 V", "每个词元被关注时真正传递出去的内容"),
     },
     "scores": {
         "en": ("Scores Q·Kᵀ", "row i, column j: dot product of token i's query and "
                "token j's key, i.e. how well they match"),
-        "zh": ("注意力分数 Q·Kᵀ", "第 i 行第 j 列：第 i 个词的查询与第 j 个词的键的点积，"
+        "zh": ("注意力分数 Q·Kᵀ", "第 i 行第 j 列：第 i 个词元的查询与第 j 个词元的键的点积，"
                "即二者的匹配程度"),
     },
     "scaled": {
@@ -76,14 +76,14 @@ STEP_TEXT: dict[str, dict[str, tuple[str, str]]] = {
     "masked": {
         "en": ("Masked scores", "blocked positions (e.g. later tokens, under a causal mask) "
                "set to -∞, so softmax gives them weight 0"),
-        "zh": ("掩码后的分数", "被屏蔽的位置（如因果掩码下排在后面的词）设为 -∞，"
+        "zh": ("掩码后的分数", "被屏蔽的位置（如因果掩码下排在后面的词元）设为 -∞，"
                "softmax 后权重为 0"),
     },
     "weights": {
         "en": ("Attention weights", "softmax of each row: every weight ≥ 0, each row sums "
                "to 1; row i is how token i divides its attention"),
         "zh": ("注意力权重", "对每一行做 softmax：权重都 ≥ 0，每行之和为 1；"
-               "第 i 行就是第 i 个词的注意力分配"),
+               "第 i 行就是第 i 个词元的注意力分配"),
     },
     "output": {
         "en": ("Output", "row i = the rows of V summed with row i's weights "
@@ -104,30 +104,144 @@ STEP_TEXT: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 
+
+STEP_TEXT.update({
+    "pe": {
+        "en": ("Positional encoding pe", "one row per position: attention itself ignores "
+               "order, so the position is added to each token's vector"),
+        "zh": ("位置编码 pe", "每个位置一行：注意力本身不看顺序，"
+               "所以把位置信息加到每个词元的向量上"),
+    },
+    "embedded": {
+        "en": ("Input with positions x = X + pe", "the same token at two positions now has "
+               "two different vectors"),
+        "zh": ("加上位置后的输入 x = X + pe", "同一个词元在不同位置上，现在有了不同的向量"),
+    },
+    "normed_in": {
+        "en": ("LayerNorm of the input (pre-LN)", "each row centred and scaled to unit "
+               "variance before attention"),
+        "zh": ("输入的层归一化（Pre-LN）", "在注意力之前，把每一行减去均值、除以标准差"),
+    },
+    "Q_all": {
+        "en": ("All queries X·Wq", "one projection for every head: (T, H·d_k), split next"),
+        "zh": ("全部查询 X·Wq", "所有头共用一次投影：(T, H·d_k)，接下来再拆分成多个头"),
+    },
+    "K_all": {
+        "en": ("All keys X·Wk", "one projection for every head: (T, H·d_k), split next"),
+        "zh": ("全部键 X·Wk", "所有头共用一次投影：(T, H·d_k)，接下来再拆分成多个头"),
+    },
+    "V_all": {
+        "en": ("All values X·Wv", "one projection for every head: (T, H·d_k), split next"),
+        "zh": ("全部值 X·Wv", "所有头共用一次投影：(T, H·d_k)，接下来再拆分成多个头"),
+    },
+    "Q_rope": {
+        "en": ("Queries after RoPE", "each pair of features turned by an angle that grows "
+               "with the position"),
+        "zh": ("旋转位置编码后的查询", "每一对特征按随位置增大的角度旋转"),
+    },
+    "K_rope": {
+        "en": ("Keys after RoPE", "turned like the queries: q·k now depends on how far "
+               "apart the two tokens are"),
+        "zh": ("旋转位置编码后的键", "与查询同样旋转：q·k 于是取决于两个词元相隔多远"),
+    },
+    "residual": {
+        "en": ("Residual x + attention(x)", "the layer's input added back, so a deep stack "
+               "can pass information (and gradients) straight through"),
+        "zh": ("残差连接 x + attention(x)", "把这一层的输入加回来，"
+               "深层网络才能让信息和梯度直接通过"),
+    },
+    "normed": {
+        "en": ("LayerNorm (post-LN)", "each row centred and scaled to unit variance: the "
+               "layer's output"),
+        "zh": ("层归一化（Post-LN）", "把每一行减去均值、除以标准差：这一层的输出"),
+    },
+})
+
+#: The sentences of ``explain``'s notes (``trace.meta["notes"]``, made by
+#: :mod:`attnlab.lens.explain_notes`), filled with the note's fields.
+NOTE_TEXT: dict[str, dict[str, str]] = {
+    "untrained": {
+        "en": "The weights are random, not trained: which token attends to which means "
+              "nothing yet. A story like seed 002's (去了 → 学校) is what trained weights "
+              "learn; see a real model with `attnlab inspect`.",
+        "zh": "这些权重是随机的，没有经过训练：哪个词元关注哪个词元，现在还没有任何含义。"
+              "像种子文章 002 那样的故事（去了 → 学校）是训练后的权重才学得到的；"
+              "真实模型请看 `attnlab inspect`。",
+    },
+    "same_rows": {
+        "en": "Tokens {tokens} (positions {positions}) have identical input rows, so they get "
+              "identical rows of weights: attention alone cannot tell positions apart. "
+              "Add positions (--pos sinusoidal) and look again.",
+        "zh": "词元 {tokens}（位置 {positions}）的输入行完全相同，"
+              "所以它们的注意力权重行也完全相同："
+              "单靠注意力分不清位置。加上位置编码（--pos sinusoidal）再看一次。",
+    },
+    "scaling_off": {
+        "en": "Scaling is off: softmax gets the raw scores Q·Kᵀ. Their spread grows like √d_k, "
+              "so with a large d_k the weights turn one-hot.",
+        "zh": "缩放已关闭：softmax 直接作用于原始注意力分数 Q·Kᵀ。分数的离散程度随 √d_k 增大，"
+              "d_k 较大时权重会变成只关注一个词元。",
+    },
+    "saturated": {
+        "en": "{where}the softmax is saturated in row(s) {rows}: one weight above 0.99, the scores "
+              "spread over {spread}. Its gradient is nearly 0 there. Beyond a score of 709.78, "
+              "exp overflows float64: seed 000's softmax (no max subtracted) then gives NaN.",
+        "zh": "{where}第 {rows} 行的 softmax 已饱和：有一个权重大于 0.99，分数的跨度达 {spread}。"
+              "这里的梯度几乎为 0。分数超过 709.78 时 exp 在 float64 中溢出："
+              "种子文章 000 的 softmax"
+              "（没有减去每行最大值）就会得到 NaN。",
+    },
+    "naive_overflow": {
+        "en": "{where}seed 000's softmax, exp(s) / sum(exp(s)) without subtracting the row max, "
+              "gives NaN or inf on these scores (largest |score| {max_score}); attnlab "
+              "subtracts each row's max first, which changes nothing in exact arithmetic.",
+        "zh": "{where}种子文章 000 的 softmax（exp(s) / sum(exp(s))，没有减去每行最大值）"
+              "在这些分数上"
+              "得到 NaN 或 inf（最大 |分数| 为 {max_score}）；attnlab 先减去每行的最大值，"
+              "在精确运算下结果不变。",
+    },
+    "near_uniform": {
+        "en": "{where}the weights are nearly uniform (every row's normalised entropy ≥ "
+              "{entropy}): the scores barely differ. Seed 000's checklist: check the softmax "
+              "and whether the inputs differ too little.",
+        "zh": "{where}注意力权重几乎均匀（每一行的归一化熵 ≥ {entropy}）：注意力分数相差无几。"
+              "种子文章 000 的排查清单：检查 softmax 是否正确、输入值是否差异过小。",
+    },
+    "fully_masked": {
+        "en": "Rows {rows} ({tokens}) have no key to attend to (every key masked): attnlab gives "
+              "them weights 0 and output 0. A -1e9 fill would give them uniform weights "
+              "instead, and seed 000's softmax NaN.",
+        "zh": "第 {rows} 行（{tokens}）没有任何可以关注的键（全部被掩码）："
+              "attnlab 给它们的权重和输出都是 0。"
+              "若用 -1e9 填充，这些行会得到均匀的权重；种子文章 000 的 softmax 会得到 NaN。",
+    },
+}
+
 TRACE_WORDS = {
     "en": {"head": "head", "layer": "layer", "shape": "shape", "colon": ": ",
            "row_sums": "row sums", "tokens": "Tokens", "trace": "Attention trace",
            "summary": "Summary", "summary_note": "Each token → the token it attends to "
-           "most (the largest weight in its row)"},
+           "most (the largest weight in its row)", "notes": "Notes"},
     "zh": {"head": "头", "layer": "层", "shape": "形状", "colon": "：",
-           "row_sums": "每行之和", "tokens": "词", "trace": "注意力计算过程",
-           "summary": "小结", "summary_note": "每个词 → 它最关注的词（该行中最大的注意力权重）"},
+           "row_sums": "每行之和", "tokens": "词元", "trace": "注意力计算过程",
+           "summary": "小结", "summary_note": "每个词元 → 它最关注的词元（该行中最大的注意力权重）",
+           "notes": "提示"},
 }
 
 #: The name of each diagnostic flag (keys of ``HeadDiagnostics.flags``).
 FLAG_TEXT = {
     "near_uniform": {"en": "near uniform", "zh": "近似均匀"},
     "over_sparse": {"en": "over-sparse", "zh": "过度稀疏"},
-    "sink": {"en": "sink", "zh": "汇聚到特殊词"},
-    "previous_token": {"en": "previous-token", "zh": "关注前一个词"},
-    "next_token": {"en": "next-token", "zh": "关注后一个词"},
+    "sink": {"en": "sink", "zh": "汇聚到特殊词元"},
+    "previous_token": {"en": "previous-token", "zh": "关注前一个词元"},
+    "next_token": {"en": "next-token", "zh": "关注后一个词元"},
     "self": {"en": "self", "zh": "关注自身"},
 }
 #: Column headings of the diagnostics tables: one row per head, one per layer.
 HEAD_COLUMNS = {
     "en": ["layer", "head", "entropy", "max w", "[CLS]/[SEP]", "prev", "next", "self",
            "flags"],
-    "zh": ["层", "头", "归一化熵", "平均最大权重", "[CLS]/[SEP] 占比", "前一个词", "后一个词",
+    "zh": ["层", "头", "归一化熵", "平均最大权重", "[CLS]/[SEP] 占比", "前一个词元", "后一个词元",
            "自身", "提示"],
 }
 LAYER_COLUMNS = {
@@ -135,6 +249,27 @@ LAYER_COLUMNS = {
     "zh": ["层", "平均 JS 距离", "最相近的两个头", "近似重复的头"],
 }
 LIST_SEP = {"en": ", ", "zh": "、"}  # between flags, between head pairs
+#: What each column of the diagnostics tables means (printed under them).
+COLUMN_NOTES = {
+    "en": [
+        "entropy: mean over rows of entropy / log(keys it may attend to); 1 = uniform, "
+        "0 = all weight on one key",
+        "max w: mean over rows of the largest weight",
+        "[CLS]/[SEP]: mean weight on the [CLS] and [SEP] tokens",
+        "prev / next / self: mean weight of query i on key i-1 / i+1 / i",
+        "JS distance: the Jensen–Shannon distance between two heads' weight rows "
+        "(square root of the JS divergence, base 2), averaged over rows: 0 = the heads "
+        "attend identically, 1 = to disjoint keys",
+    ],
+    "zh": [
+        "归一化熵：各行的熵 / log(该行可关注的键数) 的平均；1 = 完全均匀，0 = 全部权重落在一个键上",
+        "平均最大权重：各行最大权重的平均",
+        "[CLS]/[SEP] 占比：落在 [CLS] 和 [SEP] 词元上的平均权重",
+        "前一个词元 / 后一个词元 / 自身：查询 i 对键 i-1 / i+1 / i 的平均权重",
+        "JS 距离：两个头的注意力权重行之间的 Jensen–Shannon 距离（JS 散度的平方根，以 2 为底），"
+        "对各行取平均：0 = 两个头的关注方式完全相同，1 = 关注的键完全不重叠",
+    ],
+}
 
 #: The viewer page's interface text (embedded in the page as JSON).
 VIEWER_WORDS: dict[str, dict[str, Any]] = {
@@ -202,7 +337,7 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
         "layer_option": "第 {n} 层",
         "head_option": "第 {n} 个头",
         "head_view": "注意力连线",
-        "head_view_hint": "把鼠标移到词上：连线表示它关注哪些词（越不透明，权重越大）。",
+        "head_view_hint": "把鼠标移到词元上：连线表示它关注哪些词元（越不透明，权重越大）。",
         "queries": "查询 (Query)",
         "keys": "键 (Key)",
         "heatmap": "注意力权重",
@@ -233,19 +368,81 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
         "to_others": "当前头与其他头的 JS 距离",
         "none": "–",
         "metrics": {
-            "entropy": ("归一化熵", "各行熵 / log(可关注的键数) 的平均：1 = 均匀，0 = 只看一个词"),
+            "entropy": ("归一化熵", "各行熵 / log(可关注的键数) 的平均："
+                        "1 = 均匀，0 = 只看一个词元"),
             "max_weight": ("平均最大权重", "各行最大权重的平均"),
             "special_share": ("[CLS]/[SEP] 占比", "落在 [CLS]/[SEP] 上的平均权重"),
-            "previous_token": ("前一个词", "查询 i 对键 i-1 的平均权重"),
-            "next_token": ("后一个词", "查询 i 对键 i+1 的平均权重"),
+            "previous_token": ("前一个词元", "查询 i 对键 i-1 的平均权重"),
+            "next_token": ("后一个词元", "查询 i 对键 i+1 的平均权重"),
             "self_token": ("自身", "查询 i 对键 i 的平均权重"),
         },
         "flag_text": {name: text["zh"] for name, text in FLAG_TEXT.items()},
         "legend": (
             f"近似均匀：熵 > {NEAR_UNIFORM_ENTROPY}；过度稀疏：最大权重 > {OVER_SPARSE_MAX_WEIGHT} "
-            f"或熵 < {OVER_SPARSE_ENTROPY}；汇聚到特殊词：[CLS]/[SEP] 占比 > {SINK_SHARE}；"
-            f"关注前一个词 / 后一个词 / 自身：对应的平均权重 > {POSITIONAL_HEAD_SCORE}；"
+            f"或熵 < {OVER_SPARSE_ENTROPY}；汇聚到特殊词元：[CLS]/[SEP] 占比 > {SINK_SHARE}；"
+            f"关注前一个词元 / 后一个词元 / 自身：对应的平均权重 > {POSITIONAL_HEAD_SCORE}；"
             f"近似重复：JS 距离 < {NEAR_DUPLICATE_JS}。"
         ),
+    },
+}
+
+#: The words of the concept pictures (``attnlab draw``, :mod:`attnlab.report.concepts`).
+CONCEPT_WORDS: dict[str, dict[str, str]] = {
+    "en": {
+        "flash_title": "Flash attention: one key tile at a time, never the whole (T, S) matrix",
+        "flash_tile": "Step {n}: keys {k0}–{k1}",
+        "flash_max": "running max m",
+        "flash_sum": "running sum l = Σ exp(s − m)",
+        "flash_note": "Grey: tiles not read yet. Each step rescales what it has by "
+                      "exp(m_old − m_new); after the last tile, acc / l is exactly softmax·V.",
+        "query": "query", "key": "key", "position": "position", "slot": "slot",
+        "step": "step",
+        "kv_title": "KV cache: decoding one token at a time",
+        "kv_full": "Full cache: step t stores k_t, v_t and keeps every earlier one",
+        "kv_window": "Rolling window W = {W}: position p lives in slot p mod W",
+        "kv_weights": "the new query's weights over the keys it sees",
+        "kv_note": "Numbers: the position a slot holds. Without a cache each step would "
+                   "recompute K and V for every earlier token.",
+        "pos_title": "Positional encodings",
+        "pos_table": "Sinusoidal table pe (position × dim)",
+        "pos_similarity": "pe · peᵀ: nearby positions look alike",
+        "rope_angles": "RoPE: angle of each feature pair (position × pair)",
+        "rope_scores": "RoPE: one vector at every position, scores depend on m − n only",
+        "dim": "dim", "pair": "pair",
+        "sparse_title": "Sparse and low-rank attention: which keys each query keeps",
+        "window_causal": "Causal window W = {window}: keeps {kept} of {total} scores",
+        "window_global": "Window W = {window} + global token 0: keeps {kept} of {total}",
+        "bigbird": "BigBird blocks of {block_size}: keeps {kept} of {total}",
+        "exact": "Exact weights (all keys)",
+        "linformer": "Linformer, rank {rank}: keys pooled into {rank} summaries",
+        "nystrom": "Nyström, {rank} landmarks: weights of rank ≤ {rank}",
+    },
+    "zh": {
+        "flash_title": "Flash Attention：每次只处理一块键，从不保存完整的 (T, S) 矩阵",
+        "flash_tile": "第 {n} 步：键 {k0}–{k1}",
+        "flash_max": "运行最大值 m",
+        "flash_sum": "运行和 l = Σ exp(s − m)",
+        "flash_note": "灰色：尚未读取的块。每一步把已有结果乘以 exp(m_旧 − m_新) 重新缩放；"
+                      "读完最后一块后，acc / l 恰好等于 softmax·V。",
+        "query": "查询", "key": "键", "position": "位置", "slot": "槽位",
+        "step": "步",
+        "kv_title": "KV 缓存：逐个词元解码",
+        "kv_full": "完整缓存：第 t 步存入 k_t、v_t，并保留之前所有的",
+        "kv_window": "滚动窗口 W = {W}：位置 p 存放在槽位 p mod W",
+        "kv_weights": "新查询对它能看到的键的注意力权重",
+        "kv_note": "数字：槽位中存放的位置。没有缓存时，每一步都要为之前所有词元重新计算 K 和 V。",
+        "pos_title": "位置编码",
+        "pos_table": "正弦位置编码表 pe（位置 × 维度）",
+        "pos_similarity": "pe · peᵀ：相近的位置彼此相似",
+        "rope_angles": "RoPE：每对特征的旋转角度（位置 × 特征对）",
+        "rope_scores": "RoPE：同一个向量放在各个位置，分数只取决于 m − n",
+        "dim": "维度", "pair": "特征对",
+        "sparse_title": "稀疏注意力与低秩近似：每个查询保留哪些键",
+        "window_causal": "因果滑动窗口 W = {window}：保留 {total} 个分数中的 {kept} 个",
+        "window_global": "窗口 W = {window} + 全局词元 0：保留 {total} 个中的 {kept} 个",
+        "bigbird": "BigBird 块稀疏（块大小 {block_size}）：保留 {total} 个中的 {kept} 个",
+        "exact": "精确的注意力权重（全部键）",
+        "linformer": "Linformer，秩 {rank}：键被汇总为 {rank} 个",
+        "nystrom": "Nyström，{rank} 个地标：权重的秩 ≤ {rank}",
     },
 }

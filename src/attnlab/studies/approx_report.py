@@ -17,6 +17,8 @@ from ..fast.block_sparse import block_sparse_mask
 from ..fast.sparse import sliding_window_mask
 from ..report.figures import new_figure, save_figure
 from ..report.heatmaps import plot_attention
+from ..report.localize import localize_figure
+from ..report.words import Lang
 from .approx_methods import METHOD_LABELS, METHODS
 
 __all__ = ["format_table", "save_study", "summarize"]
@@ -255,7 +257,7 @@ def _plot_patterns() -> Any:
     return fig
 
 
-def save_study(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
+def save_study(result: dict[str, Any], out_dir: str | Path, *, lang: Lang = "en") -> list[Path]:
     """Write approx.json and the PNG plots into ``out_dir``; return the paths.
 
     - approx.json: the whole result;
@@ -263,6 +265,8 @@ def save_study(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
       attention, one panel per input;
     - time_vs_length.png: time against T for every method and knob;
     - patterns.png: the sparse masks, to see what the sparse methods keep.
+
+    ``lang="zh"``: the plots' words in Chinese.
     """
     folder = make_folder(out_dir, "out_dir")
     json_path = folder / "approx.json"
@@ -275,7 +279,7 @@ def save_study(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
         ("patterns.png", _plot_patterns()),
     ]
     for name, fig in figures:
-        written.append(save_figure(fig, folder / name))
+        written.append(save_figure(localize_figure(fig, lang), folder / name))
     return written
 
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import make_folder
 from ..report.figures import new_figure, save_figure
+from ..report.localize import localize, localize_figure
+from ..report.words import Lang
 from .bench_results import BenchResult, GenerateRecord
 
 if TYPE_CHECKING:
@@ -187,9 +189,10 @@ def _generate_plot(g: GenerateRecord) -> Figure:
     return fig
 
 
-def write_report(result: BenchResult, out_dir: str | os.PathLike[str], *, plots: bool = True
-                 ) -> list[Path]:
-    """Write results.json, table.txt and (with ``plots``) the PNG figures into ``out_dir``.
+def write_report(result: BenchResult, out_dir: str | os.PathLike[str], *, plots: bool = True,
+                 lang: Lang = "en") -> list[Path]:
+    """Write results.json, table.txt and (with ``plots``) the PNG figures into ``out_dir``;
+    ``lang="zh"``: the table and plots in Chinese.
 
     Returns the paths written.
     """
@@ -198,7 +201,7 @@ def write_report(result: BenchResult, out_dir: str | os.PathLike[str], *, plots:
     json_path = out / "results.json"
     json_path.write_text(result.to_json() + "\n", encoding="utf-8")
     table_path = out / "table.txt"
-    table_path.write_text(format_table(result) + "\n", encoding="utf-8")
+    table_path.write_text(localize(format_table(result), lang) + "\n", encoding="utf-8")
     written += [json_path, table_path]
     if plots:
         figures: list[tuple[str, Figure]] = []
@@ -211,5 +214,5 @@ def write_report(result: BenchResult, out_dir: str | os.PathLike[str], *, plots:
         if result.generate is not None:
             figures.append(("generate.png", _generate_plot(result.generate)))
         for name, fig in figures:
-            written.append(save_figure(fig, out / name))
+            written.append(save_figure(localize_figure(fig, lang), out / name))
     return written

@@ -210,7 +210,7 @@ def timed_block(block: EncoderBlock, clock: PartTimer) -> EncoderBlock:
 def profiled_layers(
     layers: Sequence[EncoderBlock], x: Any, mask: Any = None, *, timer: PartTimer | None = None
 ) -> np.ndarray:
-    """Run encoder blocks, timing their modules; equals ``layer(x, mask)`` in turn.
+    """Run encoder blocks, timing their modules; equals ``layer(x, mask=mask)`` in turn.
 
     Shapes: x (B, T, E); mask bool broadcastable to (B, H, T, T), True = may attend
     (e.g. key padding as (B, 1, 1, T)) -> (B, T, E). The blocks check their inputs.
@@ -224,7 +224,7 @@ def profiled_layers(
     clock.start()
     hidden = x
     for block in blocks:
-        hidden = block(hidden, mask)  # (B, T, E)
+        hidden = block(hidden, mask=mask)  # (B, T, E)
         clock.lap("residual")  # the block's code after its last module
     return np.asarray(hidden)
 

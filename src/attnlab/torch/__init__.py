@@ -21,15 +21,20 @@ attnlab.torch                                      NumPy core
 ``SelfAttentionLayer(d_model, num_heads)``         ``attnlab.SelfAttentionLayer``
 ``LayerNorm(d_model)``                             ``attnlab.LayerNorm``
 ``KVCache``, ``SlidingWindowKVCache``              the same names in ``attnlab``
+``PagedKVCache``                                   ``attnlab.PagedKVCache``
 ``PositionalEncoding(d_model)``                    ``positional.SinusoidalPositionalEncoding``
 ``sinusoidal_encoding``                            the same name in ``attnlab.positional``
 ``apply_rope``, ``rope_angles``,                   the same names in
 ``alibi_slopes``, ``alibi_bias``                   ``attnlab.positional_relative``
+``varlen_attention(q, k, v, cu_seqlens_q, ...)``   ``attnlab.fast.varlen.varlen_attention``
 ``from_numpy(obj)`` / ``to_numpy(module)``         move parameters between the two
 =================================================  =========================================
 
 ``to_torch_multihead`` / ``from_torch_multihead`` move parameters to and from
 ``torch.nn.MultiheadAttention`` (whose masks mean the opposite: True = blocked).
+:mod:`attnlab.torch.compat` speaks torch's conventions instead (a drop-in
+``nn.MultiheadAttention`` and ``F.scaled_dot_product_attention`` computed by
+attnlab); :mod:`attnlab.torch.models` holds MiniLM/BERT as a trainable module.
 
 Checks: by default only what metadata says (types, dtypes, shapes, devices,
 flags, scales), so a call costs what torch's own costs, never waits for the
@@ -52,6 +57,7 @@ from .kv_cache import KVCache, SlidingWindowKVCache
 from .layers import LayerNorm, SelfAttentionLayer
 from .masks import causal_mask, sliding_window_mask, window_mask
 from .multihead import MultiHeadAttention
+from .paged_cache import PagedKVCache
 from .positional import (
     PositionalEncoding,
     alibi_bias,
@@ -60,11 +66,13 @@ from .positional import (
     rope_angles,
     sinusoidal_encoding,
 )
+from .varlen import varlen_attention
 
 __all__ = [
     "KVCache",
     "LayerNorm",
     "MultiHeadAttention",
+    "PagedKVCache",
     "PositionalEncoding",
     "SelfAttentionLayer",
     "SlidingWindowKVCache",
@@ -83,5 +91,6 @@ __all__ = [
     "softmax",
     "to_numpy",
     "to_torch_multihead",
+    "varlen_attention",
     "window_mask",
 ]

@@ -101,7 +101,7 @@ def module_input(x: Any, name: str, like: torch.Tensor) -> torch.Tensor:
             f"{name}: expected a torch.Tensor, got {type(x).__name__}; "
             "convert NumPy arrays with torch.from_numpy(a)"
         )
-    if x.dtype != like.dtype:
+    if x.dtype != like.dtype and not _autocast_dtype(x):
         raise AttnlabError(
             f"{name}: expected dtype {like.dtype} (the module's parameters), got {x.dtype}; "
             f"convert the input with .to({like.dtype}) or the module with .to(dtype)"
@@ -111,6 +111,17 @@ def module_input(x: Any, name: str, like: torch.Tensor) -> torch.Tensor:
             f"{name}: expected a tensor on the module's device {like.device}, got {x.device}"
         )
     return x
+
+
+def _autocast_dtype(x: torch.Tensor) -> bool:
+    """Whether ``x`` is what autocast makes on its device (then the module runs as nn's do:
+    autocast casts each op's inputs; the parameters' dtype no longer decides)."""
+    device = x.device.type
+    try:
+        return bool(torch.is_autocast_enabled(device)) and x.dtype in (
+            torch.get_autocast_dtype(device), torch.float32)
+    except (TypeError, RuntimeError, AttributeError):  # torch < 2.4 or no autocast there
+        return False
 
 
 def check_module_dtype(dtype: Any) -> Any:

@@ -15,7 +15,7 @@ Dimension legend: H heads, D head dim, E model width, Ekv width of keys/values.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -72,10 +72,12 @@ def to_numpy(module: nn.Module) -> Any:
 
 
 def to_torch_multihead(mha: MultiHeadAttention) -> nn.MultiheadAttention:
-    """An ``nn.MultiheadAttention(batch_first=True)`` computing the same thing as ``mha``.
+    """An ``nn.MultiheadAttention`` computing the same thing as ``mha``, in its layout
+    (``batch_first``).
 
     Possible only for what that class can express: Hkv = H, Dv = D, H * D = E,
-    output width E, all four biases or none, no RoPE or ALiBi. Remember its masks
+    output width E, all four biases or none, no RoPE or ALiBi. ``add_bias_kv``,
+    ``add_zero_attn``, ``batch_first`` and the key/value widths carry over. Remember its masks
     are the other way round: ``attn_mask=~mask``, ``key_padding_mask=~key_padding``.
     """
     if not isinstance(mha, MultiHeadAttention):
@@ -104,8 +106,10 @@ def to_torch_multihead(mha: MultiHeadAttention) -> nn.MultiheadAttention:
         )
     weight = mha.q_proj.weight
     target = nn.MultiheadAttention(
-        E, H, dropout=mha.dropout, bias=all(has_bias), kdim=mha.d_context, vdim=mha.d_context,
-        batch_first=True, device=weight.device, dtype=weight.dtype,
+        E, H, dropout=mha.dropout, bias=all(has_bias), kdim=mha.d_context,
+        vdim=mha.d_value_context, batch_first=mha.batch_first,
+        add_bias_kv=mha.bias_k is not None, add_zero_attn=mha.add_zero_attn,
+        device=weight.device, dtype=weight.dtype,
     )
     with torch.no_grad():
         if target._qkv_same_embed_dim:
@@ -122,48 +126,33 @@ def to_torch_multihead(mha: MultiHeadAttention) -> nn.MultiheadAttention:
                 torch.cat([mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias])
             )  # (3E,)
             target.out_proj.bias.copy_(mha.out_proj.bias)
+        if mha.bias_k is not None and mha.bias_v is not None:
+            # (1, 1, E), torch's layout
+            cast(torch.Tensor, target.bias_k).copy_(mha.bias_k.view(1, 1, E))
+            cast(torch.Tensor, target.bias_v).copy_(mha.bias_v.view(1, 1, E))
     return target.train(mha.training)
 
 
 def from_torch_multihead(module: nn.MultiheadAttention) -> MultiHeadAttention:
     """An attnlab.torch.MultiHeadAttention with the parameters of ``module``.
 
-    attnlab's module is always batch-first, whatever ``module.batch_first`` says.
-    ``add_bias_kv`` and ``add_zero_attn`` have no counterpart and are refused.
+    Everything carries over: the layout (``batch_first``, torch's default False
+    reads (T, B, E)), ``kdim`` / ``vdim`` (``d_context`` / ``d_value_context``),
+    ``add_bias_kv``, ``add_zero_attn``, dropout and the train/eval mode. The masks keep
+    attnlab's meaning (True = may attend) and the call attnlab's form (keyword-only
+    masks, per-head weights unless ``average_attn_weights=True``); for torch's own
+    forward use :class:`attnlab.torch.compat.MultiheadAttention`.
     """
     if not isinstance(module, nn.MultiheadAttention):
         raise AttnlabError(
             f"module: expected a torch.nn.MultiheadAttention, got {type(module).__name__}"
         )
-    if module.bias_k is not None or module.add_zero_attn:
-        raise AttnlabError(
-            "module: expected add_bias_kv=False and add_zero_attn=False, which attnlab "
-            "has no counterpart for"
-        )
-    if module.kdim != module.vdim:
-        raise AttnlabError(
-            f"module: expected kdim == vdim, got kdim = {module.kdim}, vdim = {module.vdim}"
-        )
-    E, H = module.embed_dim, module.num_heads
     weight = module.out_proj.weight
-    has_bias = module.in_proj_bias is not None
     mha = MultiHeadAttention(
-        H, E, dropout=module.dropout, d_context=module.kdim, use_bias=has_bias,
-        device=weight.device, dtype=weight.dtype,
+        module.num_heads, module.embed_dim, dropout=module.dropout, d_context=module.kdim,
+        d_value_context=module.vdim, use_bias=module.in_proj_bias is not None,
+        batch_first=module.batch_first, add_bias_kv=module.bias_k is not None,
+        add_zero_attn=module.add_zero_attn, device=weight.device, dtype=weight.dtype,
     )
-    with torch.no_grad():
-        if module._qkv_same_embed_dim:
-            w_q, w_k, w_v = module.in_proj_weight.chunk(3)  # (E, E) each
-        else:
-            w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
-        mha.q_proj.weight.copy_(w_q)
-        mha.k_proj.weight.copy_(w_k)
-        mha.v_proj.weight.copy_(w_v)
-        mha.out_proj.weight.copy_(module.out_proj.weight)
-        if has_bias:
-            b_q, b_k, b_v = module.in_proj_bias.chunk(3)  # (E,) each
-            mha.q_proj.bias.copy_(b_q)
-            mha.k_proj.bias.copy_(b_k)
-            mha.v_proj.bias.copy_(b_v)
-            mha.out_proj.bias.copy_(module.out_proj.bias)
+    mha.load_state_dict(module.state_dict())  # torch's layout is read by a load hook
     return mha.train(module.training)

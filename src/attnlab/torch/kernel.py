@@ -60,12 +60,28 @@ __all__ = [
     "window_allowed",
     "compute_dtype",
     "PLAIN_PATH_HINT",
+    "CPU_FUSED_ZEROES_EMPTY_ROWS",
+    "fast_fused",
 ]
 
 #: What to do when the plain path's score matrix would be too large.
 PLAIN_PATH_HINT = "ask for no weights to use the fused kernel"
 
 _HALF = (torch.float16, torch.bfloat16)
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+#: Since PyTorch 2.5 (pytorch#133882: SDPA and its fused CPU kernels use a "safe"
+#: softmax) a row with nothing to attend to comes out of the fused CPU kernel as 0,
+#: output and gradients, exactly attnlab's rule; there :func:`attend` skips its own
+#: fix-up (a reduction over the mask and a copy of the output: ~1 ms at B 8, H 8,
+#: T 1024). Other devices and older versions keep it. tests/torch/test_overhead.py
+#: checks the assumption against the installed torch.
+CPU_FUSED_ZEROES_EMPTY_ROWS = _torch_version() >= (2, 5)
 
 
 class AttentionInputs(NamedTuple):
@@ -118,11 +134,15 @@ def check_inputs(
         check_score_elements(score_shape, PLAIN_PATH_HINT)  # the plain path builds it
     scale_value = check_scale(scale, shapes.D)
     is_causal = check_flag(is_causal, "is_causal")
-    cap = check_softcap(softcap)
-    alignment = check_causal_alignment(causal_alignment)
     T, S = shapes.T, shapes.S
-    band = attention_band(T, S, is_causal=is_causal, window=check_window_pair(window, is_causal),
-                          causal_alignment=alignment)
+    cap, band, alignment = None, None, "bottom_right"
+    if not (window is None and softcap is None and causal_alignment == "bottom_right"):
+        # (the common call skips these checks: a few microseconds of the per-call tax)
+        cap = check_softcap(softcap)
+        alignment = check_causal_alignment(causal_alignment)
+        band = attention_band(T, S, is_causal=is_causal,
+                              window=check_window_pair(window, is_causal),
+                              causal_alignment=alignment)
 
     allowed: torch.Tensor | None = None
     if mask is not None:
@@ -308,6 +328,58 @@ def attend(
     return _fused(q, k, v, allowed, bias, scale, is_causal, dropout_p)
 
 
+_FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def fast_fused(q: Any, k: Any, v: Any, mask: Any, is_causal: Any) -> torch.Tensor | None:
+    """The fused kernel's answer for the commonest call, or None to take the checked path.
+
+    ``scaled_dot_product_attention(q, k, v[, mask][, is_causal=...])`` with tensors of one
+    float dtype on one device, equal leading dims (no broadcasting), matching D and S,
+    no empty dim, a bool mask already broadcastable without leading dims to add, and no
+    other option: every check :func:`check_inputs` would make passes for such a call, so
+    it goes straight to the fused kernel (a few hundred nanoseconds of Python instead of
+    ~10 microseconds). Anything else returns None, and the full check runs, with its
+    errors.
+    """
+    if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
+        return None
+    dtype = q.dtype
+    if not (k.dtype == dtype and v.dtype == dtype and dtype in _FUSED_DTYPES):
+        return None
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    n = len(q_shape)
+    if not (n >= 2 and len(k_shape) == n and len(v_shape) == n
+            and q_shape[:-2] == k_shape[:-2] == v_shape[:-2]
+            and q_shape[-1] == k_shape[-1] and k_shape[-2] == v_shape[-2]
+            and q.numel() and k.numel() and v.numel()):
+        return None
+    device = q.device
+    if not (k.device == device and v.device == device):
+        return None
+    T, S = q_shape[-2], k_shape[-2]
+    if is_causal is True:
+        if mask is not None or T != S:
+            return None
+    elif is_causal is not False:
+        return None
+    if mask is not None:
+        if not (type(mask) is torch.Tensor and mask.dtype == torch.bool
+                and 2 <= mask.ndim <= n and mask.device == device):
+            return None
+        m_shape = mask.shape
+        if m_shape[-1] not in (1, S):
+            return None
+        offset = n - len(m_shape)  # the mask's dims line up with (..., T) from the right
+        for i in range(len(m_shape) - 1):
+            if m_shape[i] != 1 and m_shape[i] != q_shape[offset + i]:
+                return None
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+    if mask is not None and not (CPU_FUSED_ZEROES_EMPTY_ROWS and device.type == "cpu"):
+        out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # (..., T, Dv)
+    return out
+
+
 def _fused(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -339,7 +411,7 @@ def _fused(
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )  # (..., T, Dv)
-    if attn_mask is not None:
+    if attn_mask is not None and not (CPU_FUSED_ZEROES_EMPTY_ROWS and q.device.type == "cpu"):
         # Rows with nothing to attend to: 0, whatever the kernel made of them.
         if attn_mask.dtype == torch.bool:
             has_key = attn_mask.any(dim=-1, keepdim=True)  # (..., T, 1)

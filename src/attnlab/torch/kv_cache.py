@@ -9,8 +9,10 @@ checks and slot arithmetic (:mod:`attnlab.shapes`):
 - :class:`KVCache`: appends keys (B, Hkv, T, D) and values (B, Hkv, T, Dv);
   ``attend(q, k, v)`` appends, then attends from the T new queries (positions
   ``length - T .. length - 1``) over everything cached, causal and bottom-right
-  aligned. Storage grows by doubling, or is fixed by ``max_len`` (appending past
-  it raises).
+  aligned (``is_causal=False``: every key held); ``attend(q)`` attends without
+  appending; ``key_padding`` (B, T) marks left padding, never attended to
+  (``lengths`` counts each row's real tokens). Storage grows by doubling, or is
+  fixed by ``max_len`` (appending past it raises).
 - :class:`SlidingWindowKVCache`: a rolling buffer of W slots, position i in slot
   ``i mod W``. **W keys including the current token**: the query at position p
   sees keys ``max(0, p - W + 1) .. p``.
@@ -34,18 +36,21 @@ from typing import Any, cast
 
 import torch
 
-from ..errors import AttnlabError, check_alloc, check_positive_int, check_scale
+from ..errors import AttnlabError, check_alloc, check_flag, check_positive_int, check_scale
+from ..kernel import check_softcap
 from ..shapes import (
     check_cache_query_shape,
     check_cache_room,
+    check_key_padding_shape,
     check_kv_shapes,
     grown_capacity,
     held_positions,
     ring_segments,
 )
 from . import debug
-from .checks import as_float_tensor
+from .checks import as_bool_tensor, as_float_tensor
 from .kernel import attend, causal_allowed, window_allowed
+from .masks import window_mask
 
 __all__ = ["KVCache", "SlidingWindowKVCache"]
 
@@ -124,9 +129,10 @@ class _CacheBase:
                 )
         return out
 
-    def _check_q(self, q: Any, T: int) -> torch.Tensor:
-        """q (B, H, T, D) with H a multiple of Hkv, in the cache's dtype."""
+    def _check_q(self, q: Any, T: int | None) -> torch.Tensor:
+        """q (B, H, T, D) with H a multiple of Hkv (any T if None), in the cache's dtype."""
         q_t = as_float_tensor(q, "q")
+        T = q_t.shape[2] if T is None and q_t.ndim == 4 else (T or 0)
         check_cache_query_shape(q_t.shape, self.batch, self.num_kv_heads, T, self.head_dim)
         self._check_device(q_t, "q")
         if debug.debug_checks_enabled():
@@ -155,17 +161,19 @@ class _CacheBase:
 
 def _grouped_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor | None,
-    scale: float,
+    scale: float, softcap: float | None = None,
 ) -> torch.Tensor:
     """Shapes: q (B, H, T, D), keys (B, Hkv, S, D), values (B, Hkv, S, Dv),
-    allowed bool (T, S) or None -> (B, H, T, Dv)."""
+    allowed bool (T, S), (B, 1, T, S) or None -> (B, H, T, Dv)."""
     B, H, T, D = q.shape
     Hkv = keys.shape[1]
     G = H // Hkv
     rows = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D); head h = g*G + j
-    if allowed is not None and G > 1:
-        allowed = allowed.repeat(G, 1)  # (G*T, S), rows in the order of `rows`
-    out = cast(torch.Tensor, attend(rows, keys, values, allowed, None, scale))  # (B, Hkv, G*T, Dv)
+    if allowed is not None and G > 1 and allowed.shape[-2] > 1:  # one row broadcasts as is
+        reps = (1,) * (allowed.ndim - 2) + (G, 1)
+        allowed = allowed.repeat(*reps)  # (..., G*T, S), rows in the order of `rows`
+    out = cast(torch.Tensor, attend(rows, keys, values, allowed, None, scale,
+                                    softcap=softcap))  # (B, Hkv, G*T, Dv)
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
@@ -203,6 +211,9 @@ class KVCache(_CacheBase):
         self._check_buffer(start, "max_len" if self.max_len is not None else "capacity")
         self._keys = self._zeros(start, self.head_dim)  # (B, Hkv, capacity, D)
         self._values = self._zeros(start, self.value_head_dim)  # (B, Hkv, capacity, Dv)
+        self._real = torch.ones(self.batch, start, dtype=torch.bool,
+                                device=self.device)  # (B, capacity) True = a real token
+        self._padded = False  # whether a key_padding with padding was given since the reset
 
     @property
     def capacity(self) -> int:
@@ -219,19 +230,44 @@ class KVCache(_CacheBase):
         """View of the cached values; valid until the next append."""
         return self._values[:, :, : self._length]
 
+    @property
+    def key_padding(self) -> torch.Tensor:  # (B, S) bool
+        """View: True = a real token, False = padding (e.g. a left-padded prompt)."""
+        return self._real[:, : self._length]
+
+    @property
+    def lengths(self) -> torch.Tensor:  # (B,) int64
+        """Real tokens held per sequence (padding not counted): row b's next RoPE position."""
+        return self._real[:, : self._length].sum(dim=1)
+
     def _held_keys(self) -> torch.Tensor:  # (B, Hkv, S, D)
         return self.keys
 
     def reset(self) -> None:
         """Forget every token (the storage is kept for reuse)."""
         self._length = 0
+        self._padded = False
 
-    def append(self, k: Any, v: Any) -> None:
-        """Append the keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of T new tokens."""
+    def append(self, k: Any, v: Any, *, key_padding: Any = None) -> None:
+        """Append the keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of T new tokens.
+
+        ``key_padding`` bool (B, T), True = a real token: padding keys are never
+        attended to (left-padded prompts of different lengths in one batch).
+        """
         k_t, v_t = self._check_kv(k, v)
-        self._write(k_t, v_t)
+        self._write(k_t, v_t, self._check_key_padding(key_padding, k_t.shape[2]))
 
-    def _write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+    def _check_key_padding(self, key_padding: Any, T: int) -> torch.Tensor | None:
+        """key_padding bool (B, T) for the T new tokens, on the cache's device, or None."""
+        if key_padding is None:
+            return None
+        padding = as_bool_tensor(key_padding, "key_padding")
+        check_key_padding_shape(padding.shape, str(padding.dtype), True, (self.batch, T))
+        self._check_device(padding, "key_padding")
+        return padding
+
+    def _write(self, k: torch.Tensor, v: torch.Tensor,
+               key_padding: torch.Tensor | None = None) -> None:
         T = k.shape[2]
         check_cache_room(self._length, T, self.max_len)
         needed = self._length + T
@@ -240,34 +276,74 @@ class KVCache(_CacheBase):
             self._check_buffer(new_capacity, "k")
             keys = self._zeros(new_capacity, self.head_dim)
             values = self._zeros(new_capacity, self.value_head_dim)
+            real = torch.ones(self.batch, new_capacity, dtype=torch.bool, device=self.device)
             keys[:, :, : self._length] = self._keys[:, :, : self._length]
             values[:, :, : self._length] = self._values[:, :, : self._length]
-            self._keys, self._values = keys, values
+            real[:, : self._length] = self._real[:, : self._length]
+            self._keys, self._values, self._real = keys, values, real
         self._keys[:, :, self._length : needed] = k
         self._values[:, :, self._length : needed] = v
+        if key_padding is None:
+            self._real[:, self._length : needed] = True
+        else:
+            self._real[:, self._length : needed] = key_padding
+            # One host read per prompt (not per decoded token, which passes no key_padding).
+            self._padded = self._padded or not bool(key_padding.all())
         self._length = needed
 
-    def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> torch.Tensor:
+    def attend(
+        self, q: Any, k: Any = None, v: Any = None, *, key_padding: Any = None,
+        is_causal: bool = True, scale: float | None = None, softcap: float | None = None,
+        window: Any = None,
+    ) -> torch.Tensor:
         """Append the T new tokens' k, v, then attend from their queries over the whole cache.
 
-        Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
+        Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv),
+        key_padding bool (B, T) -> (B, H, T, Dv).
 
-        Query i sits at position ``S - T + i`` (S = length after the append) and
-        sees keys 0 .. S - T + i: causal, bottom-right aligned. ``scale``
-        defaults to 1/√D.
+        Query i sits at position ``S - T + i`` (S = length after the append) and,
+        with ``is_causal`` (the default), sees keys 0 .. S - T + i: causal,
+        bottom-right aligned; ``is_causal=False`` lets the T queries see every key
+        held. ``k = v = None`` attends without appending. ``key_padding`` (True =
+        a real token) marks the new tokens' padding, never attended to; a query
+        that sees no real key gets 0. ``scale`` defaults to 1/√D; ``softcap`` and
+        ``window`` as in the NumPy twin.
         """
-        k_t, v_t = self._check_kv(k, v)
-        T = k_t.shape[2]
-        q_t = self._check_q(q, T)
+        is_causal = check_flag(is_causal, "is_causal")
+        cap = check_softcap(softcap)
+        if (k is None) != (v is None):
+            raise AttnlabError("k, v: expected both (append, then attend) or neither (attend "
+                               f"over the cache as it is), got k {type(k).__name__} and v "
+                               f"{type(v).__name__}")
+        padding: torch.Tensor | None = None
+        if k is None:
+            if key_padding is not None:
+                raise AttnlabError("key_padding: marks the padding of new tokens; expected "
+                                   "None when k and v are None (nothing is appended)")
+            q_t = self._check_q(q, None)
+            T = q_t.shape[2]
+            S = self._length
+            k_t = q_t[:, :0]  # nothing new
+        else:
+            k_t, v_t = self._check_kv(k, v)
+            T = k_t.shape[2]
+            q_t = self._check_q(q, T)
+            padding = self._check_key_padding(key_padding, T)
+            S = self._length + T
         scale_value = check_scale(scale, self.head_dim)
-        check_alloc((T, self._length + T), torch.bool, "the causal mask (T, S)", "q")
+        check_alloc((T, S), torch.bool, "the causal mask (T, S)", "q")
         self._check_scores(q_t, k_t, scale_value)
-        self._write(k_t, v_t)
-        S = self._length
-        # One query over the whole cache sees every key: no mask needed.
-        allowed = causal_allowed(T, S, self.device) if T > 1 else None  # (T, S)
+        if k is not None:
+            self._write(k_t, v_t, padding)
+        # One query at the end of the cache sees every key: no causal mask needed.
+        allowed = causal_allowed(T, S, self.device) if is_causal and T > 1 else None  # (T, S)
+        if window is not None:
+            allowed = window_mask(T, S, window=window, is_causal=is_causal, device=self.device)
+        if self._padded:
+            real = self._real[:, None, None, :S]  # (B, 1, 1, S)
+            allowed = real if allowed is None else (real & allowed)  # (B, 1, T, S)
         return _grouped_attention(q_t, self._keys[:, :, :S], self._values[:, :, :S], allowed,
-                                  scale_value)  # (B, H, T, Dv)
+                                  scale_value, cap)  # (B, H, T, Dv)
 
     def __repr__(self) -> str:
         return (
@@ -355,7 +431,10 @@ class SlidingWindowKVCache(_CacheBase):
             self._values[:, :, slot : slot + count] = v[:, :, first : first + count]
         self._length += T
 
-    def attend(self, q: Any, k: Any, v: Any, *, scale: float | None = None) -> torch.Tensor:
+    def attend(
+        self, q: Any, k: Any, v: Any, *, scale: float | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
         """Append the T new tokens' k, v, and attend from their queries within the window.
 
         Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
@@ -365,6 +444,7 @@ class SlidingWindowKVCache(_CacheBase):
         window, in any order); a chunk of T > 1 attends over the held keys in
         position order followed by the chunk, and is written afterwards.
         """
+        cap = check_softcap(softcap)
         k_t, v_t = self._check_kv(k, v)
         T = k_t.shape[2]
         q_t = self._check_q(q, T)
@@ -376,14 +456,14 @@ class SlidingWindowKVCache(_CacheBase):
             self._write(k_t, v_t)
             n = min(self._length, W)
             return _grouped_attention(q_t, self._keys[:, :, :n], self._values[:, :, :n], None,
-                                      scale_value)  # (B, H, 1, Dv)
+                                      scale_value, cap)  # (B, H, 1, Dv)
         held = held_positions(self._length, W)
         keys = torch.cat([self._in_order(self._keys), k_t], dim=2)  # (B, Hkv, n + T, D)
         values = torch.cat([self._in_order(self._values), v_t], dim=2)  # (B, Hkv, n + T, Dv)
         query_pos = torch.arange(self._length, self._length + T, device=self.device)  # (T,)
         key_pos = torch.arange(held.start, self._length + T, device=self.device)  # (n + T,)
         allowed = window_allowed(query_pos, key_pos, W, True)  # (T, n + T)
-        out = _grouped_attention(q_t, keys, values, allowed, scale_value)  # (B, H, T, Dv)
+        out = _grouped_attention(q_t, keys, values, allowed, scale_value, cap)  # (B, H, T, Dv)
         self._write(k_t, v_t)
         return out
 

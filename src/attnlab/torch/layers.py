@@ -16,7 +16,7 @@ under :func:`attnlab.torch.debug_checks`.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -158,8 +158,8 @@ class SelfAttentionLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        mask: torch.Tensor | None = None,
         *,
+        mask: torch.Tensor | None = None,
         key_padding: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
         is_causal: bool = False,
@@ -168,10 +168,9 @@ class SelfAttentionLayer(nn.Module):
                                         names=("x",) * 3)
 
         def attend_to(h: torch.Tensor) -> torch.Tensor:
-            out = self.self_attn.forward_checked(
+            return self.self_attn.forward_checked(
                 MultiHeadInputs(h, h, h, c.allowed, c.bias, c.is_causal)
-            )
-            return cast(torch.Tensor, out)  # weights were not requested
+            )[0]
 
         if self.norm == "pre":
             return x + self.dropout(attend_to(self.norm1(x)))  # (B, T, E)

@@ -24,6 +24,7 @@ import math
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..errors import (
@@ -33,6 +34,7 @@ from ..errors import (
     check_flag,
     check_positive_int,
 )
+from ..kernel import check_softcap
 from ..nn import multihead as np_multihead
 from ..shapes import check_key_padding_shape, check_module_inputs, check_score_elements
 from . import debug
@@ -44,7 +46,7 @@ from .checks import (
     check_same_device,
     module_input,
 )
-from .kernel import PLAIN_PATH_HINT, attend
+from .kernel import PLAIN_PATH_HINT, attend, causal_allowed
 from .params import to_array, to_optional_array, to_param, torch_dtype
 from .positional import alibi_values, rotate
 
@@ -78,7 +80,10 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: Hkv for grouped-query attention (default H; must divide H).
             Query head h reads key/value head h // (H / Hkv).
         head_dim, value_head_dim: D (default E // H) and Dv (default D).
-        d_context: Ekv, width of ``key`` / ``value`` (default E). d_out: output width (default E).
+        d_context: Ekv, width of ``key`` (and ``value``; default E).
+        d_value_context: Ev, width of ``value`` when it differs from the key's
+            (default Ekv; torch's ``kdim`` is ``d_context``, its ``vdim`` this).
+        d_out: output width (default E).
         use_bias: biases on all four projections (``bias`` is the additive score bias
             of a call, as everywhere in attnlab).
         v_gain: scales the Xavier init of the value projection (seed 001's "smaller V").
@@ -86,10 +91,18 @@ class MultiHeadAttention(nn.Module):
             ``rope_interleaved``; keys sit at positions 0 .. S-1 and queries at
             S - T .. S - 1 (bottom-right, so a cached decoding step is right).
         alibi: add ``alibi_bias(H, T, S)`` to the scores (combine with ``is_causal``).
+        batch_first: inputs and output are (B, T, E) (default, attnlab's layout); False
+            reads and returns (T, B, E), torch.nn.MultiheadAttention's default layout.
+        add_bias_kv: learn one more key and value (``bias_k`` (Hkv*D,), ``bias_v``
+            (Hkv*Dv,)), appended after the S keys and open to every query, as
+            ``nn.MultiheadAttention(add_bias_kv=True)``.
+        add_zero_attn: append a key and value of zeros per head (after ``bias_k``), as
+            ``nn.MultiheadAttention(add_zero_attn=True)``: a query may put weight on
+            "nothing". Each option adds a column to the weights (S + 1 keys).
         generator: the torch.Generator the Xavier init draws from (default: torch's global one).
 
     Parameters: ``q_proj`` (E -> H*D), ``k_proj`` (Ekv -> Hkv*D), ``v_proj``
-    (Ekv -> Hkv*Dv), ``out_proj`` (H*Dv -> E_out), all ``nn.Linear``; Xavier-uniform
+    (Ev -> Hkv*Dv), ``out_proj`` (H*Dv -> E_out), all ``nn.Linear``; Xavier-uniform
     weights and zero biases, as the NumPy core's ``MultiHeadAttention.init``.
 
     Formula, for head h (g the key/value head it reads)::
@@ -97,10 +110,15 @@ class MultiHeadAttention(nn.Module):
         head_h = softmax((query Wq_h)(key Wk_g)ᵀ / √D  [masked]) (value Wv_g)
         out    = concat(head_1, ..., head_H) Wo + bo
 
+    Calls return an ``(out, weights)`` pair like ``nn.MultiheadAttention``'s
+    (``weights`` is None unless ``return_weights``), so torch's idiom
+    ``out, _ = mha(x, x, x)`` means the same here; masks and flags are keyword-only.
+
     >>> mha = MultiHeadAttention(2, 8)
     >>> x = torch.ones(1, 3, 8)
-    >>> mha(x, x, x).shape
-    torch.Size([1, 3, 8])
+    >>> out, weights = mha(x, x, x)
+    >>> out.shape, weights
+    (torch.Size([1, 3, 8]), None)
     >>> out, weights = mha(x, x, x, return_weights=True)
     >>> weights.shape
     torch.Size([1, 2, 3, 3])
@@ -116,6 +134,7 @@ class MultiHeadAttention(nn.Module):
         head_dim: int | None = None,
         value_head_dim: int | None = None,
         d_context: int | None = None,
+        d_value_context: int | None = None,
         d_out: int | None = None,
         use_bias: bool = True,
         v_gain: float = 1.0,
@@ -126,8 +145,12 @@ class MultiHeadAttention(nn.Module):
         rope_base: float = 10000.0,
         rope_interleaved: bool = False,
         alibi: bool = False,
+        batch_first: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
     ) -> None:
         super().__init__()
+        self.batch_first = check_flag(batch_first, "batch_first")
         H = check_positive_int(num_heads, "num_heads")
         E = check_positive_int(d_model, "d_model")
         Hkv = H if num_kv_heads is None else check_positive_int(num_kv_heads, "num_kv_heads")
@@ -145,6 +168,9 @@ class MultiHeadAttention(nn.Module):
         D = check_positive_int(head_dim, "head_dim")
         Dv = D if value_head_dim is None else check_positive_int(value_head_dim, "value_head_dim")
         Ekv = E if d_context is None else check_positive_int(d_context, "d_context")
+        Ev = Ekv if d_value_context is None else check_positive_int(
+            d_value_context, "d_value_context"
+        )
         E_out = E if d_out is None else check_positive_int(d_out, "d_out")
         use_bias = check_flag(use_bias, "use_bias")
         self.rope = check_flag(rope, "rope")
@@ -162,17 +188,26 @@ class MultiHeadAttention(nn.Module):
             raise AttnlabError(f"v_gain: expected a finite number >= 0, got {v_gain!r}")
 
         for shape, what in (((H * D, E), "q_proj"), ((Hkv * D, Ekv), "k_proj"),
-                            ((Hkv * Dv, Ekv), "v_proj"), ((E_out, H * Dv), "out_proj")):
+                            ((Hkv * Dv, Ev), "v_proj"), ((E_out, H * Dv), "out_proj")):
             check_alloc(shape, torch.float64, f"the weight of {what} (out, in)",
                         "num_heads, d_model")
         self.num_heads, self.num_kv_heads, self.head_dim, self.value_head_dim = H, Hkv, D, Dv
         self.d_model, self.d_context, self.d_out = E, Ekv, E_out
+        self.d_value_context = Ev
         factory = {"device": device, "dtype": check_module_dtype(dtype)}
         self.q_proj = nn.Linear(E, H * D, bias=use_bias, **factory)
         self.k_proj = nn.Linear(Ekv, Hkv * D, bias=use_bias, **factory)
-        self.v_proj = nn.Linear(Ekv, Hkv * Dv, bias=use_bias, **factory)
+        self.v_proj = nn.Linear(Ev, Hkv * Dv, bias=use_bias, **factory)
         self.out_proj = nn.Linear(H * Dv, E_out, bias=use_bias, **factory)
+        self.bias_k: nn.Parameter | None = None
+        self.bias_v: nn.Parameter | None = None
+        if check_flag(add_bias_kv, "add_bias_kv"):
+            self.bias_k = nn.Parameter(torch.empty(Hkv * D, **factory))  # (Hkv*D,)
+            self.bias_v = nn.Parameter(torch.empty(Hkv * Dv, **factory))  # (Hkv*Dv,)
+        self.add_zero_attn = check_flag(add_zero_attn, "add_zero_attn")
         self.reset_parameters(v_gain=float(v_gain), generator=generator)
+        # nn.MultiheadAttention's state_dict loads here too (in_proj_weight, bias_k, ...).
+        self._register_load_state_dict_pre_hook(_from_torch_layout, with_module=True)
 
     def reset_parameters(
         self, *, v_gain: float = 1.0, generator: torch.Generator | None = None
@@ -183,6 +218,9 @@ class MultiHeadAttention(nn.Module):
             nn.init.xavier_uniform_(linear.weight, gain=gain, generator=generator)
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
+        for extra in (self.bias_k, self.bias_v):
+            if extra is not None:  # torch's init for them: Xavier-normal of a (1, 1, n) tensor
+                nn.init.xavier_normal_(extra.view(1, 1, -1), generator=generator)
 
     def extra_repr(self) -> str:
         parts = [f"num_heads={self.num_heads}", f"d_model={self.d_model}",
@@ -194,6 +232,12 @@ class MultiHeadAttention(nn.Module):
                          f"rope_interleaved={self.rope_interleaved}")
         if self.alibi:
             parts.append("alibi=True")
+        if not self.batch_first:
+            parts.append("batch_first=False")
+        if self.bias_k is not None:
+            parts.append("add_bias_kv=True")
+        if self.add_zero_attn:
+            parts.append("add_zero_attn=True")
         return ", ".join(parts)
 
     def forward(
@@ -201,36 +245,52 @@ class MultiHeadAttention(nn.Module):
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        mask: torch.Tensor | None = None,
         *,
+        mask: torch.Tensor | None = None,
         key_padding: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
         is_causal: bool = False,
         return_weights: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        average_attn_weights: bool = False,
+        softcap: float | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (pass the same tensor three times for
-        self-attention).
+        self-attention). Returns ``(out, weights)``; ``weights`` is None unless
+        ``return_weights``, per head unless ``average_attn_weights`` (torch's default).
 
         Shapes:
-            query       (B, T, E) or (T, E)
-            key, value  (B, S, Ekv) or (S, Ekv)
+            query       (B, T, E) or (T, E); (T, B, E) if ``batch_first=False``
+            key, value  (B, S, Ekv) or (S, Ekv); (S, B, Ekv) if ``batch_first=False``
             mask        bool, broadcastable to (B, H, T, S); True = may attend
                         (torch.nn.MultiheadAttention's attn_mask is the opposite: True blocks)
             key_padding bool (B, S); True = a real token (the opposite of torch's
                         key_padding_mask)
             bias        float, broadcastable to (B, H, T, S), added to the scaled scores
-            ->          out (B, T, E_out), and per-head weights (B, H, T, S) if
-                        ``return_weights`` (torch.nn.MultiheadAttention averages them
-                        over heads)
+            softcap     c: scores c·tanh(s / c) before bias and mask (Gemma 2), or None
+            ->          out (B, T, E_out) (the query's layout), and per-head weights
+                        (B, H, T, S) if ``return_weights`` ((B, T, S) averaged over heads
+                        with ``average_attn_weights``, torch's default), else None;
+                        S + 1 keys for each of ``add_bias_kv``, ``add_zero_attn``
 
-        ``is_causal`` is bottom-right aligned (query i may see keys j ≤ S - T + i).
-        Rows with nothing to attend to give 0.
+        Masks and flags are keyword-only: torch's 4th positional argument is
+        ``key_padding_mask`` (True = padding), attnlab's masks mean the opposite, so a
+        torch-style positional call is refused rather than read the other way round.
+        ``is_causal`` is bottom-right aligned (query i may see keys j ≤ S - T + i);
+        torch's ``F.scaled_dot_product_attention`` is top-left (``attnlab.torch.compat``
+        has torch's). Rows with nothing to attend to give 0.
         """
         inputs = self.check_inputs(query, key, value, mask, key_padding, bias, is_causal)
+        average = check_flag(average_attn_weights, "average_attn_weights")
         if check_flag(return_weights, "return_weights"):  # weights: a (B, H, T, S) tensor
             lead, T, S = inputs.query.shape[:-2], inputs.query.shape[-2], inputs.key.shape[-2]
             check_score_elements((*lead, self.num_heads, T, S), PLAIN_PATH_HINT)
-        return self.forward_checked(inputs, return_weights)
+        out, weights = self.forward_checked(inputs, return_weights,
+                                            softcap=check_softcap(softcap))
+        if weights is not None and average:
+            weights = weights.mean(dim=-3)  # (B, T, S)
+        if not self.batch_first and out.ndim == 3:
+            out = out.transpose(0, 1)  # (T, B, E_out), the caller's layout
+        return out, weights
 
     def check_inputs(
         self,
@@ -245,6 +305,8 @@ class MultiHeadAttention(nn.Module):
     ) -> MultiHeadInputs:
         """Every check of :meth:`forward`, before any math; ``names`` are the arguments'.
 
+        Inputs come back batch-first whatever ``batch_first`` says.
+
         Shapes, dtypes and devices always; values only under
         :func:`attnlab.torch.debug_checks`. :meth:`forward_checked` computes on the result.
         """
@@ -253,8 +315,11 @@ class MultiHeadAttention(nn.Module):
         q_in = module_input(query, q_name, like)
         k_in = module_input(key, k_name, like)
         v_in = module_input(value, v_name, like)
+        if not self.batch_first:  # (T, B, E) -> (B, T, E); unbatched (T, E) is the same
+            q_in, k_in, v_in = (t.transpose(0, 1) if t.ndim == 3 else t
+                                for t in (q_in, k_in, v_in))
         lead, T, S = check_module_inputs(q_in.shape, k_in.shape, v_in.shape, self.d_model,
-                                         self.d_context, names)
+                                         self.d_context, names, Ev=self.d_value_context)
         score_shape = (*lead, self.num_heads, T, S)
         score_layout = "(B, H, T, S)" if lead else "(H, T, S)"
         is_causal = check_flag(is_causal, "is_causal")
@@ -297,10 +362,12 @@ class MultiHeadAttention(nn.Module):
         return MultiHeadInputs(q_in, k_in, v_in, allowed, bias_t, is_causal)
 
     def forward_checked(
-        self, c: MultiHeadInputs, return_weights: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        self, c: MultiHeadInputs, return_weights: bool = False, *, softcap: float | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The math of :meth:`forward` on inputs from :meth:`check_inputs` (no checks;
-        under :func:`attnlab.torch.debug_checks`, the projected scores' overflow bound)."""
+        under :func:`attnlab.torch.debug_checks`, the projected scores' overflow bound).
+
+        Batch-first in and out: (B, T, E) -> (B, T, E_out), weights (B, H, T, S) or None."""
         H, Hkv = self.num_heads, self.num_kv_heads
         D, Dv = self.head_dim, self.value_head_dim
         lead = tuple(c.query.shape[:-2])
@@ -314,26 +381,47 @@ class MultiHeadAttention(nn.Module):
                        interleaved=self.rope_interleaved)  # (B, H, T, D)
             k = rotate(k, key_pos, base=self.rope_base,
                        interleaved=self.rope_interleaved)  # (B, Hkv, S, D)
-        if H != Hkv:
-            k = k.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S, D)
-            v = v.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S, Dv)
-        bias = c.bias
+        bias, allowed, is_causal = c.bias, c.allowed, c.is_causal
         if self.alibi:
             slopes_bias = alibi_values(H, T, S, dtype=q.dtype, device=q.device)  # (H, T, S)
             bias = slopes_bias if bias is None else bias + slopes_bias  # (B, H, T, S)
+        extra = 0
+        if self.bias_k is not None and self.bias_v is not None:
+            k = torch.cat([k, self.bias_k.view(Hkv, 1, D).expand(*lead, Hkv, 1, D)],
+                          dim=-2)  # (B, Hkv, S + 1, D)
+            v = torch.cat([v, self.bias_v.view(Hkv, 1, Dv).expand(*lead, Hkv, 1, Dv)],
+                          dim=-2)  # (B, Hkv, S + 1, Dv)
+            extra += 1
+        if self.add_zero_attn:
+            k = torch.cat([k, k.new_zeros(*lead, Hkv, 1, D)], dim=-2)  # (B, Hkv, S', D)
+            v = torch.cat([v, v.new_zeros(*lead, Hkv, 1, Dv)], dim=-2)  # (B, Hkv, S', Dv)
+            extra += 1
+        if extra:  # the appended keys are open to every query; masks and bias cover S only
+            if is_causal:
+                causal = causal_allowed(T, S, q.device)  # (T, S)
+                allowed = causal if allowed is None else allowed & causal  # (B, H, T, S)
+                is_causal = False
+            if allowed is not None:
+                allowed = F.pad(allowed, (0, extra), value=True)  # (B, H, T, S')
+            if bias is not None:
+                bias = F.pad(bias, (0, extra), value=0.0)  # (B, H, T, S')
+        if H != Hkv:
+            k = k.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S', D)
+            v = v.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S', Dv)
         scale = 1.0 / math.sqrt(D)
         if debug.debug_checks_enabled():
             debug.check_tensor_score_range(q, k, bias, scale)
         result = attend(
-            q, k, v, c.allowed, bias, scale,
-            is_causal=c.is_causal,
+            q, k, v, allowed, bias, scale,
+            is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=return_weights,
+            softcap=softcap,
         )  # (B, H, T, Dv) [, (B, H, T, S)]
         heads, weights = result if isinstance(result, tuple) else (result, None)
         merged = heads.transpose(-3, -2).reshape(*lead, T, H * Dv)  # (B, T, H*Dv)
         out = self.out_proj(merged)  # (B, T, E_out)
-        return out if weights is None else (out, weights)
+        return out, weights
 
     @classmethod
     def from_numpy(
@@ -359,6 +447,7 @@ class MultiHeadAttention(nn.Module):
             mha.num_heads, mha.Wq.shape[0], dropout=dropout,
             num_kv_heads=mha.num_kv_heads, head_dim=mha.head_dim,
             value_head_dim=mha.value_head_dim, d_context=mha.Wk.shape[0],
+            d_value_context=mha.Wv.shape[0],
             d_out=mha.Wo.shape[1], device=device, dtype=dtype,
             rope=mha.rope is not None, alibi=mha.alibi,
             rope_base=mha.rope.base if mha.rope is not None else 10000.0,
@@ -380,9 +469,18 @@ class MultiHeadAttention(nn.Module):
         """The NumPy :class:`attnlab.MultiHeadAttention` with these parameters.
 
         RoPE and ALiBi carry over (a :class:`attnlab.positional_relative.RotaryEmbedding`
-        with the same base and layout, and ``alibi=True``).
+        with the same base and layout, and ``alibi=True``); the NumPy class is
+        batch-first. ``add_bias_kv`` and ``add_zero_attn`` have no NumPy counterpart
+        (nor a NumPy backward) and are refused.
         """
         from ..positional_relative import RotaryEmbedding
+
+        if self.bias_k is not None or self.add_zero_attn:
+            raise AttnlabError(
+                "module: expected add_bias_kv=False and add_zero_attn=False (the NumPy "
+                "MultiHeadAttention has neither), got "
+                f"add_bias_kv={self.bias_k is not None}, add_zero_attn={self.add_zero_attn}"
+            )
 
         rope = (RotaryEmbedding(self.head_dim, base=self.rope_base,
                                 interleaved=self.rope_interleaved) if self.rope else None)
@@ -400,3 +498,32 @@ class MultiHeadAttention(nn.Module):
             rope=rope,
             alibi=self.alibi,
         )
+
+
+def _from_torch_layout(
+    module: MultiHeadAttention, state_dict: dict[str, Any], prefix: str, *_: Any
+) -> None:
+    """Rename an ``nn.MultiheadAttention`` state_dict's entries to this module's, in place.
+
+    torch packs the three input projections into ``in_proj_weight`` (3E, E) and
+    ``in_proj_bias`` (3E,) (or keeps ``q_proj_weight``, ``k_proj_weight``,
+    ``v_proj_weight`` apart when kdim/vdim differ from E) and stores ``bias_k`` /
+    ``bias_v`` as (1, 1, E). Entries already in this module's layout are left alone.
+    """
+    linears = (module.q_proj, module.k_proj, module.v_proj)
+    sizes = [lin.out_features for lin in linears]
+    for packed, field in ((prefix + "in_proj_weight", "weight"), (prefix + "in_proj_bias", "bias")):
+        tensor = state_dict.get(packed)
+        if isinstance(tensor, torch.Tensor) and tensor.ndim >= 1 and tensor.shape[0] == sum(sizes):
+            del state_dict[packed]
+            for name, part in zip(("q_proj", "k_proj", "v_proj"), tensor.split(sizes),
+                                  strict=True):
+                state_dict[f"{prefix}{name}.{field}"] = part
+    for name in ("q_proj", "k_proj", "v_proj"):
+        separate = state_dict.pop(f"{prefix}{name}_weight", None)
+        if separate is not None:
+            state_dict[f"{prefix}{name}.weight"] = separate
+    for name in ("bias_k", "bias_v"):
+        extra = state_dict.get(prefix + name)
+        if isinstance(extra, torch.Tensor) and extra.ndim == 3:  # torch's (1, 1, E)
+            state_dict[prefix + name] = extra.reshape(-1)

@@ -355,7 +355,8 @@ def alibi_bias(
                 f"slopes: expected ({H},) or (B, {H}) for num_heads = {H}, "
                 f"got {shape_str(own.shape)}"
             )
-        check_alloc((*own.shape, T, S), torch.float64, "the bias (..., H, T, S)", sizes)
+        what = "the bias (H, T, S)" if own.ndim == 1 else "the bias (B, H, T, S)"
+        check_alloc((*own.shape, T, S), torch.float64, what, sizes)
         query_positions = (S - T) + torch.arange(T, device=device)  # (T,)
         distance = (query_positions[:, None] - torch.arange(S, device=device)[None, :]).abs()
         return (own[..., None, None] * -distance.to(torch.float64)).to(out_dtype)  # (..., H, T, S)

@@ -1,0 +1,192 @@
+# ruff: noqa: E501  (a message catalog: a Chinese sentence reads best on one line)
+"""``attnlab … --lang zh``: the command line in Chinese — ``--help`` and error messages.
+
+The parsers are written once, in English; :func:`localize_parser` replaces each help
+text by its Chinese from :data:`HELP_ZH` (keyed by command and option, not by the
+English text), and :func:`localize_error` turns an error message into Chinese by the
+patterns of :data:`ERROR_ZH` (argparse's own messages and the commands' checks).
+Names stay as they are: options, Q, K, V, softmax, file names, numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+
+__all__ = ["ERROR_ZH", "HELP_ZH", "wants_chinese", "localize_error", "localize_parser"]
+
+#: (command, option) -> Chinese help; option "" = the command's one-line help,
+#: "description" = its description, "NAMES" = a positional argument's dest.
+HELP_ZH: dict[tuple[str, str], str] = {
+    ("", "description"): "从零开始，一步一步地计算自注意力。",
+    ("", "--help"): "显示帮助并退出",
+    # explain
+    ("explain", ""): "打印自注意力的每一步（X → Q、K、V → QKᵀ → 缩放 → softmax → ·V）",
+    ("explain", "description"): "一步一步地计算自注意力。不加任何选项时：使用种子文章 000 的例子 "
+                                "X = [[1,0,1,0],[0,2,0,2],[1,1,1,1]]，d_k = 3，权重由 --seed 随机生成。",
+    ("explain", "--tokens"): "词元标签，用空格分隔，例如 \"小明 去了 学校\"；不给 --x 时，每个词元得到一个固定的玩具嵌入向量",
+    ("explain", "--x"): "输入 X（T×E）：直接写 '1,0,1,0; 0,2,0,2' 或 JSON，或一个 .npy/.csv 文件",
+    ("explain", "--d-k"): "每个头的维度 d_k（默认 3；--pos rope 时为 4；--split seed001 时为 E / 头数）",
+    ("explain", "--d-model"): "只给 --tokens、不给 --x 时嵌入向量的宽度（默认 4）",
+    ("explain", "--heads"): "注意力头的个数（默认 1）",
+    ("explain", "--causal"): "因果掩码：不能看到后面的词元",
+    ("explain", "--no-scale"): "去掉除以 √d_k 的缩放，看看种子文章为什么要缩放",
+    ("explain", "--pos"): "位置编码：sinusoidal（正弦）或 learned（可学习），加到 X 上；rope 旋转 Q 和 K；默认 none（不加）",
+    ("explain", "--wo"): "用 Wo 投影多头的输出（种子文章 001 的最后一个线性层）",
+    ("explain", "--residual"): "残差连接：x + attention(x)（隐含 --wo）",
+    ("explain", "--norm"): "层归一化：post 在残差之后（种子文章 001 的代码），pre 在注意力之前；隐含 --residual",
+    ("explain", "--padding"): "填充掩码，每个词元一个值：1 表示真实词元，0 表示填充；任何词元都不关注填充",
+    ("explain", "--split"): "多头的拆分方式：seed000（每个头取 Wq 的各自列）或 seed001（一次投影后 .view(T, H, d_k).transpose）；二者是同一个计算",
+    ("explain", "--seed"): "随机权重的种子（默认 0）",
+    ("explain", "--init"): "权重初始化方式（默认 normal，与种子文章的 randn 相同）",
+    ("explain", "--lang"): "输出语言",
+    ("explain", "--format"): "输出格式（默认 text）",
+    ("explain", "--precision"): "打印的小数位数（默认 4）",
+    ("explain", "--out"): "同时把 heatmap.png、heatmap.svg、trace.json、trace.md 写到这个文件夹",
+    ("inspect", ""): "在一段文本上运行真实模型（all-MiniLM-L6-v2），查看每一个注意力头",
+    # draw
+    ("draw", ""): "画出一个概念：Flash Attention 的分块、KV 缓存、位置编码、稀疏模式",
+    ("draw", "description"): "把一个概念画成 PNG：flash（按键分块，逐步显示运行最大值与运行和）、kvcache（每一步解码后完整缓存与滚动窗口中存放的内容）、positions（正弦位置编码表、RoPE 的角度与相对位置分数）、sparse（滑动窗口、全局词元和 BigBird 块各保留哪些键；Linformer 和 Nyström 的权重与精确权重并排）。",
+    ("draw", "names"): "flash、kvcache、positions、sparse 中的一个或多个，或 all",
+    ("draw", "--lang"): "输出语言",
+    ("draw", "--out"): "NAME.png 的文件夹（默认当前文件夹）",
+    # profile
+    ("profile", ""): "BERT 中注意力与前馈网络的时间和 FLOPs 占比（MiniLM 与 BERT-base）",
+    ("profile", "description"): "逐模块为 BERT 的一次前向计算计时（真实模块中的注意力、前馈网络、LayerNorm 调用和其余部分），并逐部分统计 FLOPs（Q/K/V/输出投影、QKᵀ、softmax、·V、前馈网络、其余），在多个序列长度上进行。",
+    ("profile", "--models"): "用逗号分隔，可选 minilm、bert-base、tiny（默认 minilm,bert-base；--quick 时为 tiny）",
+    ("profile", "--seq-lens"): "序列长度（默认 128,512,2048；--quick 时为 16,32）",
+    ("profile", "--repeats"): "每个 T 计时的次数，报告中位数（默认 3；--quick 时为 1）",
+    ("profile", "--threads"): "BLAS 线程数（默认 1）",
+    ("profile", "--batch"): "每次前向的序列数（默认 1）",
+    ("profile", "--seed"): "词元 id 和随机权重的种子",
+    ("profile", "--no-compare"): "不再额外为不带计时钩子的普通前向计时",
+    ("profile", "--quick"): "2 层的微型模型，T = 16、32，只跑一次：检查流程是否正常",
+    ("profile", "--json"): "以 JSON 而不是表格输出报告",
+    ("profile", "--out"): "同时把 profile.json（装有 matplotlib 时还有 profile_shares.png）写到这里",
+    ("profile", "--lang"): "表格和图的语言（默认 en）",
+    # approx
+    ("approx", ""): "测量稀疏注意力和低秩近似相对精确注意力的表现（误差、时间、峰值内存）",
+    ("approx", "description"): "近似方法研究：滑动窗口、块稀疏（BigBird）、Linformer、Nyström 和 Performer，各取多个参数值和长度，在接近均匀和尖锐的高斯输入以及真实的 MiniLM Q/K/V 上测量。打印一张表，并指出每种方法在哪些方面不如精确注意力；--out 还会写出 approx.json 和 PNG 图。计时取本机上 N 次交错运行的中位数：请先关闭其他任务。",
+    ("approx", "--quick"): "T = 256 和 1024，每个参数取两个值，不做 T = 16,384 的检查（一分钟以内）",
+    ("approx", "--out"): "把 approx.json、error_vs_time.png、error_vs_memory.png、time_vs_length.png 和 patterns.png 写到这里",
+    ("approx", "--lengths"): "高斯输入的长度（默认 256,1024,4096；quick 时为 256,1024）",
+    ("approx", "--minilm-lengths"): "MiniLM 输入的长度，最多 256（默认 128,256）",
+    ("approx", "--no-minilm"): "跳过真实的 MiniLM Q/K/V 输入",
+    ("approx", "--long"): "因果长序列检查的长度（默认 16384；0 = 跳过；quick 时跳过）",
+    ("approx", "--repeats"): "每次测量计时的次数（默认 3）",
+    ("approx", "--threads"): "BLAS 线程数，通过 threadpoolctl 设置（默认 1；0 = 不改动）",
+    ("approx", "--seed"): "输入和投影的种子",
+    ("approx", "--lang"): "表格和图的语言（默认 en）",
+    # bench
+    ("bench", ""): "注意力基准测试（NumPy 朴素/flash、torch 朴素/SDPA、attnlab.torch）与 KV 缓存解码",
+    ("bench", "description"): "测量注意力前向的吞吐量（GFLOP/s）和峰值内存随序列长度的变化、有无 KV 缓存时每个词元的解码延迟，以及生成时间；把表格、results.json 和 PNG 图写到 --out。",
+    ("bench", "--out"): "results.json、table.txt 和图的文件夹（默认 attnlab-bench）",
+    ("bench", "--quick"): "每一部分都用小规模：一分钟以内完成",
+    ("bench", "--sections"): "用逗号分隔：attention、decode、generate（默认全部）",
+    ("bench", "--threads"): "NumPy 的 BLAS 和 torch 的线程数，所有测试相同（默认 1）",
+    ("bench", "--repeats"): "每个点计时的次数；报告中位数和最小–最大值（默认 5）",
+    ("bench", "--min-time"): "每个样本至少持续这么久；更快的调用会循环执行（默认 0.05，--quick 时 0.01）",
+    ("bench", "--seed"): "输入和模型的种子（默认 0）",
+    ("bench", "--lengths"): "序列长度 T = S（默认 256,512,1024,2048,4096；--quick 时 128,256,512）",
+    ("bench", "--contenders"): "用逗号分隔，可选 numpy_naive、numpy_flash、torch_naive、torch_sdpa、attnlab_torch（默认全部）",
+    ("bench", "--batch"): "B（默认 1）",
+    ("bench", "--heads"): "H（默认 8，--quick 时 4）",
+    ("bench", "--head-dim"): "D（默认 64）",
+    ("bench", "--dtype"): "默认 float32",
+    ("bench", "--causal"): "因果注意力（FLOPs 减半）",
+    ("bench", "--max-memory"): "分数矩阵所需内存超过此值（GiB）的朴素实现将被跳过（默认 4）",
+    ("bench", "--no-memory"): "不测量峰值内存",
+    ("bench", "--contexts"): "测量每个词元延迟的上下文长度（默认 128,...,2048；--quick 时 64,...,512）",
+    ("bench", "--prompt-len"): "提示的长度（默认 512，--quick 时 64）",
+    ("bench", "--new-tokens"): "生成的词元数（默认 512，--quick 时 64）",
+    ("bench", "--generate-repeats"): "每种生成方式运行的次数（默认 3，--quick 时 5）：无缓存的 512 + 512 运行需要数分钟",
+    ("bench", "--no-plots"): "不写 PNG 文件",
+    ("bench", "--no-progress"): "不在 stderr 上显示进度条",
+    ("bench", "--lang"): "表格和图的语言（默认 en）",
+    ("bench", "group:attention"): "注意力",
+    ("bench", "group:decode and generate"): "解码与生成",
+}
+
+#: argparse's own words.
+_HEADINGS = {"usage: ": "用法：", "positional arguments:": "位置参数：", "options:": "选项：",
+             "show this help message and exit": "显示帮助并退出"}
+
+#: (pattern, Chinese) for error messages, most specific first.
+ERROR_ZH: list[tuple[str, str]] = [
+    (r"^attnlab(?: (\w+))?: argument (\S+): invalid choice: (.+?) \(choose from (.+)\)$",
+     r"参数 \2：无效的选择 \3（可选：\4）"),
+    (r"^attnlab(?: (\w+))?: argument (\S+): invalid (int|float) value: (.+)$",
+     r"参数 \2：\4 不是有效的数字"),
+    (r"^attnlab(?: (\w+))?: argument (\S+): expected one argument$", r"参数 \2：需要一个值"),
+    (r"^attnlab(?: (\w+))?: the following arguments are required: (.+)$", r"缺少必需的参数：\2"),
+    (r"^attnlab(?: (\w+))?: unrecognized arguments: (.+)$", r"无法识别的参数：\2"),
+    (r"^--padding: expected (\d+) values of 1 \(a real token\) or 0 \(padding\), one per token, "
+     r"like (\S+), got (.+)$", r"--padding：需要 \1 个值，每个词元一个，1 表示真实词元、0 表示填充，例如 \2；实际得到 \3"),
+    (r"^d_k: pos='rope' rotates pairs of features, expected an even d_k, got (\d+)$",
+     r"d_k：pos='rope' 成对旋转特征，需要偶数的 d_k，实际得到 \1"),
+    (r"^num_heads: split='seed001' divides E = (\d+) into (\d+) heads \(seed 001's assert "
+     r"d_model % h == 0\), got a remainder (\d+)$",
+     r"num_heads：split='seed001' 把 E = \1 平分给 \2 个头（种子文章 001 的 assert d_model % h == 0），余数为 \3"),
+    (r"^d_k: split='seed001' uses d_k = E / H = (\d+), got (\d+)$",
+     r"d_k：split='seed001' 使用 d_k = E / H = \1，实际得到 \2"),
+    (r"^--tokens: expected at least one token, got an empty string$",
+     r"--tokens：至少需要一个词元，实际得到空字符串"),
+    (r"^--precision: expected 0\.\.12, got (.+)$", r"--precision：需要 0..12，实际得到 \1"),
+    (r"^--x: expected a matrix like (.+) or a \.npy/\.csv file, got (.+)$",
+     r"--x：需要一个矩阵，例如 \1，或一个 .npy/.csv 文件；实际得到 \2"),
+    (r"^--x: file not found: (.+)$", r"--x：找不到文件：\1"),
+    (r"^--x: row (\d+) of (.+) has an empty (field|row) \((.*)\); expected numbers separated "
+     r"by commas, rows by ';'$", r"--x：\2 的第 \1 行有空的字段（\4）；数字之间用逗号分隔，行之间用 ';' 分隔"),
+    (r"^(\S+): expected an integer >= 1, got (.+)$", r"\1：需要 ≥ 1 的整数，实际得到 \2"),
+    (r"^(\S+): expected positive integers like (\S+), got (.+)$",
+     r"\1：需要正整数，例如 \2；实际得到 \3"),
+    (r"^(\S+): expected comma-separated integers like (\S+), got (.+)$",
+     r"\1：需要用逗号分隔的整数，例如 \2；实际得到 \3"),
+    (r"^(--\S+): expected a folder, got (.+), which is a file$", r"\1：需要一个文件夹，但 \2 是一个文件"),
+    (r"^(--\S+): could not create the folder (.+)$", r"\1：无法创建文件夹 \2"),
+    # The general shape of every attnlab message: "<argument>: expected <what>, got <value>".
+    (r"^([\w\-\[\]\.]+): expected (.+), got (.+)$", r"\1：期望 \2，实际得到 \3"),
+]
+_ERRORS = [(re.compile(pattern), repl) for pattern, repl in ERROR_ZH]
+
+
+def wants_chinese(argv: Sequence[str]) -> bool:
+    """Whether the command line asks for Chinese (``--lang zh`` or ``--lang=zh``)."""
+    items = list(argv)
+    return "--lang=zh" in items or any(a == "--lang" and b == "zh"
+                                       for a, b in zip(items, items[1:], strict=False))
+
+
+def localize_error(message: str) -> str:
+    """One error line in Chinese (its first matching pattern), prefixed 错误："""
+    for pattern, repl in _ERRORS:
+        if pattern.match(message):
+            return "错误：" + pattern.sub(repl, message, count=1)
+    return "错误：" + message
+
+
+def localize_parser(parser: argparse.ArgumentParser) -> None:
+    """Replace the help texts of ``parser`` and its subcommands by their Chinese."""
+    _localize(parser, "")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                choice.help = HELP_ZH.get((choice.dest, ""), choice.help)
+            for name, sub in action.choices.items():
+                _localize(sub, name)
+
+
+def _localize(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.description = HELP_ZH.get((command, "description"), parser.description)
+    for group in parser._action_groups:
+        if group.title in ("options", "positional arguments"):
+            group.title = {"options": "选项", "positional arguments": "位置参数"}[group.title]
+        elif group.title is not None:
+            group.title = HELP_ZH.get((command, f"group:{group.title}"), group.title)
+    for action in parser._actions:
+        if action.help == "show this help message and exit":
+            action.help = _HEADINGS[action.help]
+        key = action.option_strings[-1] if action.option_strings else action.dest
+        action.help = HELP_ZH.get((command, key), action.help)
+    setattr(parser, "usage_prefix", _HEADINGS["usage: "])  # noqa: B010

@@ -1,0 +1,118 @@
+"""Under --lang zh every command's output, help, errors and plots are Chinese: no run of
+three English words is left (names such as Q, K, V, softmax, LayerNorm, method and
+contender names, options and file names are allowed: tests/support/language.py).
+
+inspect is left out: its text is being reworked on its own (its one-line help is here).
+"""
+
+from __future__ import annotations
+
+import pytest
+from tests.support.language import english_runs
+
+import attnlab.report.concepts as concepts_module
+import attnlab.report.figures as figures_module
+import attnlab.studies.approx_report as approx_report
+import attnlab.studies.bench_report as bench_report
+from attnlab.cli import main
+
+COMMANDS = ["explain", "draw", "profile", "approx", "bench"]
+
+
+def _run(capsys, argv):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out + "\n" + out.err
+
+
+def test_the_detector_finds_english_and_allows_names():
+    assert english_runs("把 Q 和 K 做点积，softmax 之后 LayerNorm") == []
+    assert english_runs("参数 --pos：无效的选择 'foo'（可选：'none', 'sinusoidal'）") == []
+    assert english_runs("已写入 out/flash.png") == []
+    assert english_runs("注意力 this head looks nowhere useful") == [
+        "this head looks nowhere useful"]
+    assert english_runs("error: expected an integer") == ["error expected an integer"]
+
+
+@pytest.mark.parametrize("command", COMMANDS + [None])
+def test_help_is_chinese(capsys, command):
+    argv = ([command] if command else []) + ["--help", "--lang", "zh"]
+    with pytest.raises(SystemExit):
+        main(argv)
+    out = capsys.readouterr().out
+    assert out.startswith("用法：")
+    assert english_runs(out) == [], out
+
+
+@pytest.mark.parametrize("flags", [
+    [],
+    ["--tokens", "小明 去了 学校", "--heads", "2", "--causal"],
+    ["--tokens", "the cat sat on the mat", "--pos", "rope", "--padding", "1,1,1,1,1,0",
+     "--norm", "post", "--heads", "2", "--split", "seed001", "--d-model", "8"],
+    ["--tokens", "the cat sat on the mat", "--pos", "sinusoidal", "--norm", "pre"],
+    ["--x", "100,0,100,0; 0,2,0,2; 1,1,1,1", "--seed", "3", "--no-scale"],
+    ["--format", "markdown", "--pos", "learned"],
+])
+def test_explain_is_chinese(capsys, tmp_path, flags):
+    code, out = _run(capsys, ["explain", *flags, "--lang", "zh", "--out", str(tmp_path)])
+    assert code == 0, out
+    assert english_runs(out) == [], english_runs(out)
+    md = (tmp_path / "trace.md").read_text(encoding="utf-8")
+    assert english_runs(md) == []
+
+
+def _collect_figure_text(monkeypatch):
+    """Every figure saved by a study or the CLI: its texts, collected before saving."""
+    from matplotlib.text import Text
+
+    texts: list[str] = []
+    original = figures_module.save_figure
+
+    def spy(fig, path, **kwargs):
+        texts.extend(t.get_text() for t in fig.findobj(Text) if t.get_text())
+        return original(fig, path, **kwargs)
+
+    for module in (figures_module, concepts_module, approx_report, bench_report):
+        monkeypatch.setattr(module, "save_figure", spy)
+    return texts
+
+
+@pytest.mark.parametrize("argv", [
+    ["draw", "all"],
+    ["profile", "--quick"],
+    ["approx", "--lengths", "32", "--no-minilm", "--repeats", "1", "--long", "0"],
+    ["bench", "--quick", "--lengths", "32", "--contexts", "8,16", "--prompt-len", "4",
+     "--new-tokens", "2", "--repeats", "1", "--generate-repeats", "1", "--min-time", "0.001",
+     "--contenders", "numpy_naive,numpy_flash", "--no-progress"],
+])
+def test_studies_tables_and_plots_are_chinese(capsys, monkeypatch, tmp_path, argv):
+    texts = _collect_figure_text(monkeypatch)
+    code, out = _run(capsys, [*argv, "--lang", "zh", "--out", str(tmp_path)])
+    assert code == 0, out
+    assert english_runs(out) == [], english_runs(out)
+    assert texts and english_runs("\n".join(texts)) == [], english_runs("\n".join(texts))
+    if argv[0] == "bench":
+        table = (tmp_path / "table.txt").read_text(encoding="utf-8")
+        assert english_runs(table) == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["explain", "--pos", "foo"],
+    ["explain", "--heads", "x"],
+    ["explain", "--heads", "0"],
+    ["explain", "--padding", "1,1"],
+    ["explain", "--pos", "rope", "--d-k", "3"],
+    ["explain", "--split", "seed001", "--heads", "3"],
+    ["explain", "--x", "1,,2"],
+    ["explain", "--tokens", " "],
+    ["explain", "--nope"],
+    ["draw"],
+    ["draw", "tiles"],
+    ["profile", "--seq-lens", "0"],
+    ["approx", "--lengths", "x"],
+])
+def test_errors_are_chinese_one_line(capsys, argv):
+    code, out = _run(capsys, [*argv, "--lang", "zh"])
+    err = out.strip()
+    assert code == 2 and err.startswith("错误：") and "\n" not in err, err
+    assert english_runs(err) == [], err
