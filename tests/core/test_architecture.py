@@ -27,10 +27,12 @@ LAYERS: list[tuple[str, list[str]]] = [
               "attnlab.positional_relative", "attnlab.trace", "attnlab.kernel",
               "attnlab.attention", "attnlab.backward"]),
     ("fast paths", ["attnlab.fast"]),
+    ("tasks", ["attnlab.tasks"]),
     ("modules", ["attnlab.nn"]),
-    ("models", ["attnlab.models", "attnlab.torch"]),
+    ("models", ["attnlab.models", "attnlab.torch", "attnlab.triton"]),
     ("distributed", ["attnlab.distributed"]),
     ("lenses", ["attnlab.lens"]),
+    ("training", ["attnlab.train"]),
     ("report", ["attnlab.report"]),
     ("studies", ["attnlab.studies"]),
     ("cli", ["attnlab.cli", "attnlab.__main__"]),
@@ -153,7 +155,8 @@ def test_no_import_cycles():
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_the_core_layers_import_only_numpy(module):
     """The checks and math layers (and the fast paths, nn, models) never import torch."""
-    if _layer_of(module) > _layer_of("attnlab.models") or module.startswith("attnlab.torch"):
+    if _layer_of(module) > _layer_of("attnlab.models") or module.startswith(
+            ("attnlab.torch", "attnlab.triton")):
         return
     heavy = {"torch", "matplotlib", "transformers", "sentence_transformers"}
     for node in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8"))):

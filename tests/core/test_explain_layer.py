@@ -127,7 +127,7 @@ def test_wo_residual_and_post_layer_norm_written_out():
     # The library's own modules agree: MultiHeadAttention with the same weights.
     Wq, Wk, Wv = (trace.get(k).values for k in ("Wq", "Wk", "Wv"))
     mha = attnlab.MultiHeadAttention(Wq, Wk, Wv, Wo, num_heads=2)
-    np.testing.assert_allclose(trace.get("projected").values, mha(X), atol=ATOL)
+    np.testing.assert_allclose(trace.get("projected").values, mha(X)[0], atol=ATOL)
 
 
 def test_pre_layer_norm_normalises_the_attention_input_only():

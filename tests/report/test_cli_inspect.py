@@ -136,3 +136,24 @@ def test_find_lists_the_heads_linking_two_tokens(capsys, tmp_path):
     assert found["heads"][0]["weight"] == pytest.approx(link.max(), abs=1e-6)
     assert (found["heads"][0]["layer"], found["heads"][0]["head"]) == (4, 2)  # 0.68
     assert f"      4     2  {link[3, 1]:.3f}" in out
+
+
+def test_inspect_reports_the_head_detectors(capsys, tmp_path):
+    text = "the cat sat . the cat sat ."
+    code = main(["inspect", text, "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "head detectors (TransformerLens scores, [CLS] excluded)" in out
+    data = json.loads((tmp_path / "diagnostics.json").read_text(encoding="utf-8"))
+    found = data["head_detectors"]
+    assert found["exclude_bos"] is True and np.array(found["induction"]).shape == (6, 12)
+    # The score written out here, from the model's own weights: Σ A·P / Σ A, column 0 off.
+    weights, tokens = load_minilm().attentions(text)
+    a = weights[1, 2].copy()  # layer 2, head 3
+    a[:, 0] = 0.0
+    T = len(tokens)
+    previous = sum(a[i, i - 1] for i in range(1, T)) / a.sum()
+    assert found["previous_token"][1][2] == pytest.approx(previous, abs=1e-6)  # float32 sums
+    induction = sum(a[i, j] for i in range(T) for j in range(1, i + 1)
+                    if tokens[j - 1] == tokens[i] and j - 1 < i) / a.sum()
+    assert found["induction"][1][2] == pytest.approx(induction, abs=1e-6)

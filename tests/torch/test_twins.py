@@ -50,7 +50,7 @@ class Twin:
 TWINS = [
     # NumPy draws dropout from an explicit rng; torch from its own generator.
     Twin("scaled_dot_product_attention", attnlab.scaled_dot_product_attention,
-         at.scaled_dot_product_attention, numpy_only={"rng"}),
+         at.scaled_dot_product_attention, numpy_only={"rng"}, torch_only={"backend"}),
     Twin("softmax", attnlab.softmax, at.softmax, renamed={"axis": "dim"}),
     Twin("causal_mask", masks.causal_mask, at.causal_mask, torch_only={"device"}),
     Twin("window_mask", masks.window_mask, at.window_mask, torch_only={"device"}),

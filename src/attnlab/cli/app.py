@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import AttnlabError
-from . import approx, bench, draw, explain, inspect, profile
+from . import approx, bench, draw, explain, inspect, profile, train
 from . import lens as lens_command
 from . import ring as ring_command
 from .args import CliError, Parser
@@ -33,6 +33,7 @@ COMMANDS = {
     "bench": bench,
     "lens": lens_command,
     "draw": draw,
+    "train": train,
     "ring": ring_command,
 }
 

@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import AttnlabError
     from ..lens.diagnostics import diagnose
     from ..lens.find import find_heads, informative_head, parse_link
+    from ..lens.heads import all_head_scores
     from ..models.loading import load_bert, minilm_path
     from ..report import (
         AttentionView,
@@ -143,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         chosen = informative_head(weights, tokens)
     diagnostics = diagnose(weights, tokens)  # numbered within the selection (the viewer's)
+    detectors = all_head_scores(weights, tokens, exclude_bos=True)  # {name: (L', H')}
 
     def name(layer: int, head: int) -> str:  # the model's own numbers, from 1
         return (f"第 {layers[layer] + 1} 层 · 第 {heads[head] + 1} 个头" if zh
@@ -160,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
                          layers=layers, heads=heads)
     written.append(view.save(out / "view.html"))
     numbered = _numbered_from_one(diagnostics.to_dict(), layers, heads)
+    numbered["head_detectors"] = {"exclude_bos": True, **{
+        name: scores.tolist() for name, scores in detectors.items()}}
     if found is not None:
         numbered["find"] = {"source": source, "target": target, "heads": [
             {"layer": layers[f.layer] + 1, "head": heads[f.head] + 1, "query": f.query,
@@ -180,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
                       else f"  {layers[f.layer] + 1:>5}  {heads[f.head] + 1:>4}  {f.weight:.3f}")
             print()
         print(diagnostics_table(_renumbered(diagnostics, layers, heads), args.lang))
+        print(_detector_lines(detectors, layers, heads, zh))
     label = "已写入" if zh else "wrote"
     for path in written:
         print(f"{label} {path}", file=sys.stderr)
@@ -215,6 +220,21 @@ def _numbered_from_one(report: dict[str, Any], layers: list[int],
                                     for a, b, d in layer["near_duplicates"]]
         layer["heads"] = [h + 1 for h in heads]  # the rows and columns of js_distance
     return {"numbered_from": 1, **report}
+
+
+def _detector_lines(detectors: dict[str, Any], layers: list[int], heads: list[int],
+                    zh: bool) -> str:
+    """The best head of each TransformerLens detector, numbered as the model's."""
+    names = {"previous_token": "前一个词", "duplicate_token": "重复词", "induction": "归纳"}
+    lines = ["头检测（TransformerLens 的得分，不计 [CLS]）：" if zh
+             else "head detectors (TransformerLens scores, [CLS] excluded):"]
+    for name, scores in detectors.items():
+        layer, head = divmod(int(scores.argmax()), scores.shape[1])
+        number_l, number_h, best = layers[layer] + 1, heads[head] + 1, float(scores.max())
+        lines.append(f"  {names[name]}：第 {number_l} 层第 {number_h} 个头 {best:.3f}" if zh
+                     else f"  {name.replace('_', '-')}: layer {number_l} head {number_h} "
+                     f"{best:.3f}")
+    return "\n".join(lines)
 
 
 def _unknown_characters(model: Any, text: str) -> list[str]:

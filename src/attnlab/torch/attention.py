@@ -67,6 +67,7 @@ def scaled_dot_product_attention(
     return_lse: Literal[False] = ..., window: Any = ..., causal_alignment: str = ...,
     softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
     dropout_mask: torch.Tensor | None = ...,
+    backend: str = ...,
 ) -> torch.Tensor: ...
 @overload
 def scaled_dot_product_attention(
@@ -76,6 +77,7 @@ def scaled_dot_product_attention(
     return_lse: Literal[False] = ..., window: Any = ..., causal_alignment: str = ...,
     softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
     dropout_mask: torch.Tensor | None = ...,
+    backend: str = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
 def scaled_dot_product_attention(
@@ -104,6 +106,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = False,
     alibi_slopes: Any = None,
     dropout_mask: torch.Tensor | None = None,
+    backend: str = "torch",
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Scaled dot-product attention; behaves identically to
     :func:`attnlab.scaled_dot_product_attention`.
@@ -158,11 +161,33 @@ def scaled_dot_product_attention(
     computed in float32 on the plain path, returned in their own dtype (lse in
     the computation's dtype).
 
+    ``backend="triton"`` runs :func:`attnlab.triton.flash_attention` instead
+    (CUDA tensors (B, H, T, D) / (B, Hkv, S, D); ``mask`` a key padding
+    broadcastable to (B, 1, 1, S); no bias, dropout or weights): see
+    :mod:`attnlab.triton.dispatch`.
+
     >>> q = k = v = torch.eye(2, dtype=torch.float64)
     >>> scaled_dot_product_attention(q, k, v, is_causal=True).round(decimals=3)
     tensor([[1.0000, 0.0000],
             [0.3300, 0.6700]], dtype=torch.float64)
     """
+    if backend != "torch":  # attnlab.triton is optional: imported only when asked for
+        if backend != "triton":
+            raise AttnlabError(f"backend: expected 'torch' or 'triton', got {backend!r}")
+        for name, value, default in (
+                ("return_lse", return_lse, False), ("window", window, None),
+                ("causal_alignment", causal_alignment, "bottom_right"),
+                ("softcap", softcap, None), ("alibi_slopes", alibi_slopes, None),
+                ("dropout_mask", dropout_mask, None)):
+            if value is not default and value != default:
+                raise AttnlabError(
+                    f"{name}: backend='triton' computes attention without it; got {value!r} "
+                    f"(use backend='torch' for {name})")
+        from ..triton.dispatch import sdpa_with_backend
+
+        return sdpa_with_backend(q, k, v, mask, bias=bias, is_causal=is_causal,
+                                 dropout_p=dropout_p, scale=scale,
+                                 return_weights=return_weights, backend=backend)
     if (bias is None and dropout_p == 0.0 and scale is None and return_weights is False
             and return_lse is False and window is None and causal_alignment == "bottom_right"
             and softcap is None and enable_gqa is False and alibi_slopes is None

@@ -1,0 +1,253 @@
+"""A small causal decoder on attnlab.torch modules, made to be trained and looked into.
+
+Dimension legend: B batch, T tokens, L layers, H heads, D head dim, E model width,
+F feed-forward width, V vocabulary size.
+
+    x      = embed[ids] (+ positions[t] if learned / sinusoidal)          (B, T, E)
+    block  : pre-LN   h = x + MHA(LN1(x));     x = h + FFN(LN2(h))
+             post-LN  h = LN1(x + MHA(x));     x = LN2(h + FFN(h))
+             (attention-only: no FFN and no LN2)
+    logits = LN_f(x) @ W_unembed   (LN_f only with pre-LN)                (B, T, V)
+
+Attention is :class:`attnlab.torch.MultiHeadAttention` with ``is_causal=True``
+(and ``rope=True`` for RoPE positions); the norms are :class:`attnlab.torch.LayerNorm`
+and the sinusoidal table :class:`attnlab.torch.PositionalEncoding`.
+
+``scale=False`` trains without 1/√D: MultiHeadAttention always multiplies the scores
+by 1/√D, so the queries are multiplied by √D first (a hook on ``q_proj``) and the
+two cancel; for D a power of 4 (16, 64, 256) both factors are powers of two and
+cancel exactly.
+
+Heads can be ablated during evaluation (:meth:`Decoder.ablate`): a head's output
+(its slice of the concatenated heads, before the output projection) is replaced by
+zeros or by its mean over a reference batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, cast
+
+import torch
+from torch import nn
+
+from ..errors import AttnlabError, check_flag, check_positive_int
+from ..torch import LayerNorm, MultiHeadAttention, PositionalEncoding
+
+__all__ = ["POSITIONS", "ModelConfig", "Decoder", "Block", "AblationMode"]
+
+Positions = Literal["learned", "sinusoidal", "rope", "none"]
+POSITIONS: tuple[Positions, ...] = ("learned", "sinusoidal", "rope", "none")
+AblationMode = Literal["zero", "mean"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and options of :class:`Decoder`.
+
+    ``head_dim`` (D) defaults to E // H; ``d_ff`` (F) to 4E; ``max_len`` is the longest
+    input (T) the position table holds.
+    """
+
+    vocab_size: int
+    max_len: int
+    d_model: int = 64
+    num_heads: int = 4
+    num_layers: int = 2
+    head_dim: int | None = None
+    d_ff: int | None = None
+    attn_only: bool = False
+    positions: Positions = "learned"
+    norm: Literal["pre", "post"] = "pre"
+    scale: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers"):
+            check_positive_int(getattr(self, name), name)
+        for name in ("head_dim", "d_ff"):
+            if getattr(self, name) is not None:
+                check_positive_int(getattr(self, name), name)
+        for name in ("attn_only", "scale"):
+            check_flag(getattr(self, name), name)
+        if self.positions not in POSITIONS:
+            raise AttnlabError(f"positions: expected one of {', '.join(POSITIONS)}, "
+                               f"got {self.positions!r}")
+        if self.norm not in ("pre", "post"):
+            raise AttnlabError(f"norm: expected 'pre' or 'post', got {self.norm!r}")
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise AttnlabError(f"d_model: expected a multiple of num_heads = {self.num_heads} "
+                               f"(or pass head_dim), got {self.d_model}")
+        if self.positions == "rope" and self.D % 2:
+            raise AttnlabError(f"head_dim: RoPE rotates pairs, expected an even D, got {self.D}")
+
+    @property
+    def D(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Block(nn.Module):
+    """One decoder block (see the module doc); records or ablates its heads when asked."""
+
+    def __init__(self, config: ModelConfig, generator: torch.Generator) -> None:
+        super().__init__()
+        E, H, D = config.d_model, config.num_heads, config.D
+        self.norm_placement = config.norm
+        self.num_heads, self.head_dim = H, D
+        self.attn = MultiHeadAttention(H, E, head_dim=D, rope=config.positions == "rope",
+                                       generator=generator)
+        self.norm1 = LayerNorm(E)
+        self.ffn: nn.Sequential | None = None
+        self.norm2: LayerNorm | None = None
+        if not config.attn_only:
+            F = config.d_ff if config.d_ff is not None else 4 * E
+            up, down = nn.Linear(E, F), nn.Linear(F, E)
+            self.ffn = nn.Sequential(up, nn.GELU(), down)
+            self.norm2 = LayerNorm(E)
+            for linear in (up, down):
+                nn.init.normal_(linear.weight, std=0.02, generator=generator)
+                nn.init.zeros_(linear.bias)
+        if not config.scale:  # cancel MultiHeadAttention's 1/√D (see the module doc)
+            root = math.sqrt(D)
+            self.attn.q_proj.register_forward_hook(lambda _m, _i, out: out * root)
+        # Ablation: {head: replacement (Dv,) or None for zeros}; recording: the mean output.
+        self.ablated: dict[int, torch.Tensor | None] = {}
+        self.recording = False
+        self.head_means: torch.Tensor | None = None  # (H, Dv)
+        self.attn.out_proj.register_forward_pre_hook(self._heads_hook)
+
+    def _heads_hook(self, _module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
+        merged = inputs[0]  # (B, T, H*Dv): the heads' outputs, side by side
+        if self.recording:
+            lead = merged.shape[:-1]
+            per_head = merged.detach().reshape(*lead, self.num_heads, -1)  # (B, T, H, Dv)
+            self.head_means = per_head.reshape(-1, *per_head.shape[-2:]).mean(dim=0)
+        if not self.ablated:
+            return None
+        heads = merged.reshape(*merged.shape[:-1], self.num_heads, -1).clone()  # (B, T, H, Dv)
+        for head, value in self.ablated.items():
+            heads[..., head, :] = 0.0 if value is None else value
+        return (heads.reshape(merged.shape),)
+
+    def forward(
+        self, x: torch.Tensor, return_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (B, T, E) -> (B, T, E), (B, H, T, T)
+        weights = None
+
+        def attend(h: torch.Tensor) -> torch.Tensor:
+            nonlocal weights
+            if return_weights:
+                out, weights = self.attn(h, h, h, is_causal=True, return_weights=True)
+                return cast(torch.Tensor, out)
+            return cast(torch.Tensor, self.attn(h, h, h, is_causal=True))
+
+        if self.norm_placement == "pre":
+            x = x + attend(self.norm1(x))  # (B, T, E)
+            if self.ffn is not None and self.norm2 is not None:
+                x = x + self.ffn(self.norm2(x))
+        else:
+            x = self.norm1(x + attend(x))  # (B, T, E)
+            if self.ffn is not None and self.norm2 is not None:
+                x = self.norm2(x + self.ffn(x))
+        return x, weights
+
+
+class Decoder(nn.Module):
+    """The causal decoder of :class:`ModelConfig`, initialised from ``seed``.
+
+    >>> model = Decoder(ModelConfig(vocab_size=10, max_len=8, d_model=16, num_heads=2))
+    >>> logits, weights = model(torch.zeros(3, 8, dtype=torch.long), return_weights=True)
+    >>> tuple(logits.shape), tuple(weights.shape)
+    ((3, 8, 10), (3, 2, 2, 8, 8))
+    """
+
+    def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise AttnlabError(f"config: expected a ModelConfig, got {type(config).__name__}")
+        self.config = config
+        generator = torch.Generator().manual_seed(check_positive_int(seed, "seed",
+                                                                     allow_zero=True))
+        E, V = config.d_model, config.vocab_size
+        self.embed = nn.Embedding(V, E)
+        nn.init.normal_(self.embed.weight, std=0.02, generator=generator)
+        self.position: nn.Module | None = None
+        if config.positions == "learned":
+            self.position = nn.Embedding(config.max_len, E)
+            nn.init.normal_(self.position.weight, std=0.02, generator=generator)
+        elif config.positions == "sinusoidal":
+            self.position = PositionalEncoding(E, config.max_len, dtype=torch.float32)
+        self.blocks = nn.ModuleList(Block(config, generator) for _ in range(config.num_layers))
+        self.layers: list[Block] = [cast(Block, block) for block in self.blocks]  # typed view
+        self.final_norm = LayerNorm(E) if config.norm == "pre" else None
+        self.unembed = nn.Linear(E, V)
+        nn.init.normal_(self.unembed.weight, std=0.02, generator=generator)
+        nn.init.zeros_(self.unembed.bias)
+
+    def forward(
+        self, ids: torch.Tensor, return_weights: bool = False
+    ) -> Any:  # (B, T) -> (B, T, V) [, (B, L, H, T, T)]
+        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.ndim != 2:
+            raise AttnlabError(f"ids: expected a (B, T) int64 tensor, got "
+                               f"{getattr(ids, 'dtype', type(ids).__name__)} "
+                               f"{tuple(getattr(ids, 'shape', ()))}")
+        T = ids.shape[1]
+        if T > self.config.max_len:
+            raise AttnlabError(f"ids: expected T <= max_len = {self.config.max_len}, got {T}")
+        x = self.embed(ids)  # (B, T, E)
+        if isinstance(self.position, nn.Embedding):
+            x = x + self.position.weight[:T]  # (B, T, E)
+        elif self.position is not None:
+            x = self.position(x)  # (B, T, E)
+        weights = []
+        for block in self.layers:
+            x, w = block(x, return_weights)
+            weights.append(w)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        logits = self.unembed(x)  # (B, T, V)
+        if return_weights:
+            return logits, torch.stack(weights, dim=1)  # (B, L, H, T, T)
+        return logits
+
+    @contextmanager
+    def ablate(
+        self, heads: Sequence[tuple[int, int]], mode: AblationMode = "zero",
+        reference: torch.Tensor | None = None,
+    ) -> Iterator[None]:
+        """Within the block, the (layer, head) pairs' outputs are zeros (``"zero"``) or their
+        mean over the positions and examples of ``reference`` (B, T) ids (``"mean"``)."""
+        L, H = self.config.num_layers, self.config.num_heads
+        pairs = [(int(layer), int(head)) for layer, head in heads]
+        for layer, head in pairs:
+            if not (0 <= layer < L and 0 <= head < H):
+                raise AttnlabError(f"heads: expected (layer, head) with 0 <= layer < {L} and "
+                                   f"0 <= head < {H}, got ({layer}, {head})")
+        if mode not in ("zero", "mean"):
+            raise AttnlabError(f"mode: expected 'zero' or 'mean', got {mode!r}")
+        means: list[torch.Tensor | None] = [None] * L
+        if mode == "mean":
+            if reference is None:
+                raise AttnlabError("reference: mean ablation needs a (B, T) batch of ids")
+            for block in self.layers:
+                block.recording = True
+            try:
+                with torch.no_grad():
+                    self(reference)
+            finally:
+                for block in self.layers:
+                    block.recording = False
+            means = [block.head_means for block in self.layers]
+        try:
+            for layer, head in pairs:
+                mean = means[layer]
+                self.layers[layer].ablated[head] = None if mean is None else mean[head]
+            yield
+        finally:
+            for block in self.layers:
+                block.ablated.clear()
