@@ -4,7 +4,9 @@
 W = 1, 2, 4 gloo processes (one torch thread each), each rank's peak memory during
 one forward ring call after a warm-up call: the growth of its resident set
 (VmHWM, the inputs already in place). Targets: ≤ 0.6× of W = 1 at W = 2,
-≤ 0.35× at W = 4.
+≤ 0.35× at W = 4. glibc raises its mmap threshold after freeing a large block, so
+the smaller score chunks of short shards may stay resident on the heap; run with
+``MALLOC_MMAP_THRESHOLD_=1048576`` to measure what the ring itself holds.
 
 ``--balance``: causal work per rank at W = 4 for each layout (T = 8,192, H 2, D 64):
 - counted: the score pairs each rank computes (``ring_blocks``), max / min;
@@ -15,6 +17,7 @@ one forward ring call after a warm-up call: the growth of its resident set
 Target: zigzag ≤ 1.2.
 
     .venv/bin/python benchmarks/bench_ring.py --memory
+    MALLOC_MMAP_THRESHOLD_=1048576 .venv/bin/python benchmarks/bench_ring.py --memory
     .venv/bin/python benchmarks/bench_ring.py --balance
 """
 
