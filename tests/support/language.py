@@ -24,6 +24,9 @@ NAMES = {
     # the variables of explain's formulas (masked = where(allowed, scaled, -∞))
     "masked", "scaled", "scores", "weights", "output", "where", "allowed", "concat",
     "projected", "residual", "normed", "var", "view", "transpose", "contiguous", "all",
+    # the values of lens's, train's, ring's and inspect's options
+    "zero", "scaling", "norm", "positions", "sort", "reverse", "copy", "induction", "modadd",
+    "zigzag", "striped", "table",
 }
 _WORD = re.compile(r"[A-Za-z][A-Za-z'_\-]*")
 
