@@ -38,6 +38,7 @@ def test_inspect_writes_every_output(capsys, tmp_path):
     data = json.loads(payload)
     assert data["tokens"] == tokens == ["[CLS]", "the", "cat", "sat", ".", "[SEP]"]
     assert data["layer_numbers"] == [2, 6] and data["head_numbers"] == [1, 12]
+    assert "rollout" not in data  # a selection of heads has no rollout
     shown = decode_weights(data["weights"], (2, 2, 6, 6))  # layers 2, 6 × heads 1, 12
     # 16-bit codes of weight / row max: within 7.7e-6 (tests/report/test_viewer.py).
     np.testing.assert_allclose(shown[0, 0], weights[1, 0], atol=7.7e-6)
@@ -135,6 +136,17 @@ def test_find_lists_the_heads_linking_two_tokens(capsys, tmp_path):
         (int(layer) + 1, int(head) + 1) for layer, head in zip(*best, strict=True)]
     assert found["heads"][0]["weight"] == pytest.approx(link.max(), abs=1e-6)
     assert (found["heads"][0]["layer"], found["heads"][0]["head"]) == (4, 2)  # 0.68
+    # Every layer and head ran: the page carries the rollout of the model's own weights,
+    # computed here by the paper's formula (heads averaged, half residual, rows renormalised).
+    html = (tmp_path / "view.html").read_text(encoding="utf-8")
+    start = html.index('<script type="application/json" id="attnlab-data">')
+    page = json.loads(html[html.index(">", start) + 1: html.index("</script>", start)])
+    rolled = np.eye(len(tokens))
+    for layer in weights.astype(np.float64):
+        mixed = 0.5 * layer.mean(axis=0) + 0.5 * np.eye(len(tokens))
+        rolled = (mixed / mixed.sum(axis=-1, keepdims=True)) @ rolled
+    shown = decode_weights(page["rollout"], (1, 1, len(tokens), len(tokens)))[0, 0]
+    np.testing.assert_allclose(shown, rolled, atol=1e-5)  # 16-bit codes (7.7e-6) + float32
     assert f"      4     2  {link[3, 1]:.3f}" in out
 
 

@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from ..lens.diagnostics import diagnose
     from ..lens.find import find_heads, informative_head, parse_link
     from ..lens.heads import all_head_scores
+    from ..lens.rollout import attention_rollout
     from ..models.loading import load_bert, minilm_path
     from ..report import (
         AttentionView,
@@ -157,9 +158,11 @@ def run(args: argparse.Namespace) -> int:
     single = plot_attention(weights[chosen], tokens, tokens,
                             title=f"{name(*chosen)} — {where}", lang=args.lang)
     written.append(save_figure(single, out / "head.png"))
+    # Rollout needs every layer and head: with a selection the page shows the weights only.
+    rollout = attention_rollout(weights) if (len(layers), len(heads)) == (L, H) else None
     view = AttentionView(weights, tokens, diagnostics=diagnostics, lang=args.lang,
                          title=f"{where} ({len(layers)} × {len(heads)})",
-                         layers=layers, heads=heads)
+                         layers=layers, heads=heads, rollout=rollout)
     written.append(view.save(out / "view.html"))
     numbered = _numbered_from_one(diagnostics.to_dict(), layers, heads)
     numbered["head_detectors"] = {"exclude_bos": True, **{

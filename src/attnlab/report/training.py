@@ -21,11 +21,8 @@ and style (by hash) and no network. Weights are embedded as integers in thousand
 
 from __future__ import annotations
 
-import base64
 import functools
-import hashlib
 import html
-import json
 import math
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -36,6 +33,7 @@ import numpy as np
 from ..errors import AttnlabError, ShapeError, check_text, shape_str
 from .figures import new_figure
 from .fonts import font_context, warn_if_cjk_unrenderable
+from .page import csp_hash, script_json
 from .text import check_lang
 from .words import Lang
 
@@ -212,7 +210,7 @@ def training_html(
     css, js = _asset("training.css").strip(), _asset("training.js").strip()
     csp = (
         "default-src 'none'; "
-        f"script-src '{_sha256(js)}'; style-src '{_sha256(css)}'; img-src data:; "
+        f"script-src '{csp_hash(js)}'; style-src '{csp_hash(css)}'; img-src data:; "
         "base-uri 'none'; form-action 'none'"
     )
     text = {key: html.escape(str(words[key])) for key in (
@@ -223,7 +221,7 @@ def training_html(
         title=html.escape(str(title) if title is not None else words["title"]),
         css=css,
         js=js,
-        data=_script_json(payload),
+        data=script_json(payload),
         step_label=html.escape(words["step"]),
         layer_label=html.escape(words["layer"]),
         head_label=html.escape(words["head"]),
@@ -231,12 +229,3 @@ def training_html(
     )
 
 
-def _script_json(payload: Any) -> str:
-    """JSON that is safe inside <script>: no '<', '>' or '&' can end or open anything."""
-    text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def _sha256(source: str) -> str:
-    digest = hashlib.sha256(source.encode("utf-8")).digest()
-    return "sha256-" + base64.b64encode(digest).decode("ascii")

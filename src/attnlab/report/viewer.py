@@ -58,10 +58,8 @@ from __future__ import annotations
 
 import base64
 import functools
-import hashlib
 import html
 import itertools
-import json
 import os
 import zlib
 from collections.abc import Sequence
@@ -81,6 +79,7 @@ from ..errors import (
 )
 from ..lens.diagnostics import Diagnostics, diagnose
 from ..lens.weight_checks import check_weights
+from .page import csp_hash, script_json
 from .text import check_lang
 from .words import VIEWER_WORDS, Lang
 
@@ -198,7 +197,7 @@ def render_html(
     css, js = _asset("viewer.css").strip(), _asset("viewer.js").strip()
     csp = (
         "default-src 'none'; "
-        f"script-src '{_sha256(js)}'; style-src '{_sha256(css)}'; img-src data:; "
+        f"script-src '{csp_hash(js)}'; style-src '{csp_hash(css)}'; img-src data:; "
         "base-uri 'none'; form-action 'none'"
     )
     page_title = html.escape(title if title is not None else words["title"])
@@ -212,7 +211,7 @@ def render_html(
         title=page_title,
         css=css,
         js=js,
-        data=_script_json(payload),
+        data=script_json(payload),
         layer_label=text["layer"],
         head_label=text["head"],
         **{k: v for k, v in text.items() if k not in ("layer", "head")},
@@ -365,12 +364,3 @@ def _labels(tokens: Any, name: str, size: int, dim: str) -> list[str]:
     return items
 
 
-def _script_json(payload: Any) -> str:
-    """JSON that is safe inside <script>: no '<', '>' or '&' can end or open anything."""
-    text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def _sha256(source: str) -> str:
-    digest = hashlib.sha256(source.encode("utf-8")).digest()
-    return "sha256-" + base64.b64encode(digest).decode("ascii")
