@@ -31,6 +31,7 @@ go through ``bias``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -374,10 +375,8 @@ def fast_fused(q: Any, k: Any, v: Any, mask: Any, is_causal: Any) -> torch.Tenso
         for i in range(len(m_shape) - 1):
             if m_shape[i] != 1 and m_shape[i] != q_shape[offset + i]:
                 return None
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
-    if mask is not None and not (CPU_FUSED_ZEROES_EMPTY_ROWS and device.type == "cpu"):
-        out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # (..., T, Dv)
-    return out
+    # The same fused call the checked path makes (scale = 1/√D, as check_scale gives it).
+    return _fused(q, k, v, mask, None, 1.0 / math.sqrt(q_shape[-1]), is_causal, 0.0)
 
 
 def _fused(
