@@ -64,6 +64,7 @@ __all__ = [
     "check_softcap",
     "gqa_reduce",
     "check_inputs",
+    "low_precision_dtype",
     "check_key_padding",
     "check_mask_and_bias",
     "check_score_range",
@@ -144,7 +145,7 @@ def check_inputs(
     (flash): no MAX_SCORE_ELEMENTS refusal, and causality, the window and
     ALiBi are left to them (``band``, ``alibi_slopes``).
     """
-    low_precision = _low_precision_dtype(q, k, v)
+    low_precision = low_precision_dtype(q, k, v)
     q_arr = as_float_array(q, "q")
     k_arr = as_float_array(k, "k")
     v_arr = as_float_array(v, "v")
@@ -214,7 +215,7 @@ def check_inputs(
                            offset)
 
 
-def _low_precision_dtype(*arrays: Any) -> np.dtype | None:
+def low_precision_dtype(*arrays: Any) -> np.dtype | None:
     """float16 (or bfloat16, ml_dtypes') when every input has it: computed in float32 and
     returned in it, as torch does on CPU; else None."""
     dtypes = {getattr(a, "dtype", None) for a in arrays}
