@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError, check_broadcastable, check_flag, check_scale, shape_str
-from ..kernel import check_softcap
+from ..kernel import check_alibi_range, check_softcap
 from ..shapes import (
     AttentionShapes,
     Band,
@@ -49,6 +49,7 @@ from ..shapes import (
     check_score_elements,
     check_window_pair,
 )
+from . import debug
 from .checks import as_bool_tensor, as_float_tensor, check_same_device
 
 __all__ = [
@@ -211,6 +212,11 @@ def _alibi_bias(
         )
     check_broadcastable(slopes_t.shape, batch, "alibi_slopes", "the batch dims (..., H)")
     check_same_device(like, "q", slopes_t, "alibi_slopes")
+    if debug.debug_checks_enabled():  # values are read only then, naming alibi_slopes
+        debug.check_finite([("alibi_slopes", slopes_t)])
+        if slopes_t.numel():
+            check_alibi_range(float(slopes_t.detach().abs().amax()), T, S,
+                              debug.numpy_dtype(compute_dtype(like.dtype)))
     slopes_t = slopes_t.to(like.dtype)
     query_pos = torch.arange(T, device=like.device, dtype=like.dtype)[:, None] + offset
     distance = (query_pos - torch.arange(S, device=like.device, dtype=like.dtype)[None, :]).abs()
