@@ -24,7 +24,7 @@ PACKAGE = Path(attnlab.__file__).parent
 LAYERS: list[tuple[str, list[str]]] = [
     ("checks", ["attnlab.errors", "attnlab.shapes"]),
     ("math", ["attnlab.special", "attnlab.init", "attnlab.masks", "attnlab.positional",
-              "attnlab.positional_relative", "attnlab.trace", "attnlab.kernel",
+              "attnlab.positional_relative", "attnlab.trace", "attnlab.hooks", "attnlab.kernel",
               "attnlab.attention", "attnlab.backward"]),
     ("fast paths", ["attnlab.fast"]),
     ("tasks", ["attnlab.tasks"]),
