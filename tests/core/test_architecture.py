@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("training", ["attnlab.train"]),
     ("report", ["attnlab.report"]),
     ("studies", ["attnlab.studies"]),
+    ("exercises", ["attnlab.exercises"]),
     ("cli", ["attnlab.cli", "attnlab.__main__"]),
     ("package", ["attnlab"]),
 ]
