@@ -57,6 +57,7 @@ from ..kernel import AttentionInputs, check_inputs, check_sinks, gqa_reduce
 from . import flash_tiles
 from .flash_parts import (
     as_forward,
+    check_weighable,
     exact_references,
     run_parts,
     softmax_deltas,
@@ -461,7 +462,10 @@ def merge_partials(
         out = exp(lse1 - lse) · out1 + exp(lse2 - lse) · out2
 
     A side with no allowed key (lse = -inf) contributes nothing; if neither has
-    one the result is out 0, lse -inf.
+    one the result is out 0, lse -inf. A huge finite fill (``finfo.min``, -1e30)
+    over a whole row makes both sides' lse the fill: float64 has rounded away
+    the log of each side's key count that weighs them, so such a row is refused
+    (a boolean mask keeps it exact) rather than merged wrong.
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(0)
@@ -486,6 +490,7 @@ def merge_partials(
         as_forward(lse, name, o1.shape[:-1], "(..., T)", _LSE_DTYPE, allow_neginf=True)
         for name, lse in (("lse1", lse1), ("lse2", lse2))
     )
+    check_weighable(l1, l2, dtype)
     lse = np.logaddexp(l1, l2)  # (..., T)
     shift = np.where(lse == -np.inf, np.inf, lse)  # neither side has a key: weights exp(-inf) = 0
     weight1 = np.exp(l1 - shift)[..., None].astype(dtype)  # (..., T, 1)
