@@ -31,8 +31,10 @@ def register(name: str = "attnlab", *, backend: str = "torch") -> str:
     read back as key padding. Idempotent: registering the same name and backend
     again changes nothing; another backend under the same name replaces it.
 
-    >>> register()  # doctest: +SKIP
-    'attnlab'
+    Example::
+
+        attnlab.hf.register()  # -> "attnlab"
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="attnlab")
     """
     if not isinstance(name, str) or not name or name in _RESERVED:
         raise AttnlabError(
