@@ -53,10 +53,11 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
-from ..kernel import AttentionInputs, check_inputs, gqa_reduce
+from ..kernel import AttentionInputs, check_inputs, check_sinks, gqa_reduce
 from . import flash_tiles
 from .flash_parts import (
     as_forward,
+    check_weighable,
     exact_references,
     run_parts,
     softmax_deltas,
@@ -71,6 +72,7 @@ __all__ = [
     "FlashStats",
     "flash_attention",
     "flash_attention_backward",
+    "join_sinks",
     "merge_partials",
 ]
 
@@ -108,6 +110,7 @@ def flash_attention(
     return_lse: Literal[False] = ..., stats: FlashStats | None = ...,
     num_threads: int | None = ..., window: Any = ..., causal_alignment: str = ...,
     softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
+    sinks: Any = ...,
 ) -> np.ndarray: ...
 @overload
 def flash_attention(
@@ -116,6 +119,7 @@ def flash_attention(
     return_lse: Literal[True], stats: FlashStats | None = ...,
     num_threads: int | None = ..., window: Any = ..., causal_alignment: str = ...,
     softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
+    sinks: Any = ...,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 def flash_attention(
     q: Any,
@@ -136,6 +140,7 @@ def flash_attention(
     softcap: float | None = None,
     enable_gqa: bool = False,
     alibi_slopes: Any = None,
+    sinks: Any = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Scaled dot-product attention computed tile by tile, never holding the (T, S) matrix.
 
@@ -185,6 +190,12 @@ def flash_attention(
     threads do the parallel work. The numbers do not depend on n: the same
     parts are computed in the same way, whichever thread runs them.
 
+    ``sinks`` (H,), attention sinks (see :func:`attnlab.scaled_dot_product_attention`),
+    are joined after the tiles, exactly, by the merge rule of :func:`merge_partials`
+    with a key set whose lse is the sink and whose output is 0::
+
+        lse_sink = logaddexp(lse, sink_h),   out_sink = exp(lse - lse_sink) · out
+
     Memory beyond the output: a copy of v (with a column of ones, which gives
     the softmax sums in the same matmul) and a few tiles per thread,
     O(S·Dv + threads·block_q·block_k) per batch-head.
@@ -203,6 +214,7 @@ def flash_attention(
                           enable_gqa=enable_gqa, alibi_slopes=alibi_slopes)
     q_arr, k_arr, v_arr = inputs.q, inputs.k, inputs.v
     scale_value, out_dtype = inputs.scale, inputs.out_dtype
+    sink_logits = check_sinks(sinks, inputs.batch, _LSE_DTYPE)
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
     if num_threads is not None:
@@ -256,8 +268,20 @@ def flash_attention(
 
     if v_unit is not None:
         out *= v_unit  # back from units: |out| <= max|v| per column, no overflow
+    if sink_logits is not None:
+        out, lse = join_sinks(out, lse, sink_logits)
     out = out.astype(out_dtype, copy=False)
     return (out, lse) if return_lse else out
+
+
+def join_sinks(
+    out: np.ndarray, lse: np.ndarray, sinks: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Attention over the keys, joined with each head's sink (a key set of lse sink_h and
+    output 0): (..., H, T, Dv), (..., H, T), (H, 1, 1) -> out, lse with the sinks."""
+    joined = np.logaddexp(lse, sinks[..., 0])  # (..., H, T), float64
+    kept = np.exp(lse - joined)  # (..., H, T): 0 for a row with no key (lse = -inf)
+    return out * kept[..., None].astype(out.dtype), joined
 
 
 def flash_attention_backward(
@@ -280,7 +304,8 @@ def flash_attention_backward(
     softcap: float | None = None,
     enable_gqa: bool = False,
     alibi_slopes: Any = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    sinks: Any = None,
+) -> tuple[np.ndarray, ...]:
     """Gradients of :func:`flash_attention`, recomputing each tile's weights from ``lse``.
 
     Shapes:
@@ -309,7 +334,13 @@ def flash_attention_backward(
     recomputed weights in a first pass over the tiles, as the plain backward
     does, not from ``out``, and divided by Σ_S P: see the comment in the code.) ``out`` is checked
     for its shape only. Rows with nothing to attend to (lse = -inf) pass no
-    gradient. A row whose every score sits under a huge finite fill (-1e9,
+    gradient. With ``sinks`` (H,), ``out`` and ``lse`` are the forward's with the
+    sinks (the weights rebuilt from that lse are the sink-joined ones, whose row sum
+    is 1 − P_sink), δ is scaled by that row sum, and dsinks (H,) comes fourth::
+
+        dsink_h = −Σ_(batch, T) P_sink · δ,     P_sink = exp(sink_h − lse)
+
+    A row whose every score sits under a huge finite fill (-1e9,
     ``finfo.min``) has an lse whose fractional part even float64 cannot hold;
     its exact reference is recomputed from the scores.
     """
@@ -326,6 +357,7 @@ def flash_attention_backward(
     for name, shape in (("dq", (*batch, T, D)), ("dk", (*batch, S, D)), ("dv", (*batch, S, Dv))):
         check_alloc(shape, dtype, f"the gradient {name}", "q, k, v")
     as_forward(out, "out", (*batch, T, Dv), "(..., T, Dv)", dtype)
+    sink_logits = check_sinks(sinks, tuple(batch), _LSE_DTYPE)
     lse_arr = as_forward(lse, "lse", (*batch, T), "(..., T)", _LSE_DTYPE, allow_neginf=True)
     dout_arr = check_upstream(dout, (*batch, T, Dv), "(..., T, Dv)", dtype)
 
@@ -362,6 +394,10 @@ def flash_attention_backward(
     # δ = Σ_S P ⊙ dP / Σ_S P, in a first pass over the tiles: see softmax_deltas.
     delta = softmax_deltas(tile_weights, dout_arr, v_t, tiles, batch, T, S, block_q, block_k,
                            dtype)  # (..., T, 1)
+    sink_weight = None
+    if sink_logits is not None:  # the keys' weights sum to 1 - P_sink, not 1
+        sink_weight = np.exp(sink_logits[..., 0] - lse_arr)  # (..., H, T) P_sink
+        delta *= (1.0 - sink_weight)[..., None].astype(dtype)  # (..., T, 1)
 
     dq = np.zeros((*batch, T, D), dtype=dtype)  # (..., T, D), in units of dz k
     dk = np.zeros((*batch, S, D), dtype=dtype)  # (..., S, D), in units of dzᵀ q
@@ -388,11 +424,17 @@ def flash_attention_backward(
     dq *= scale_typed
     dk *= scale_typed
     groups = inputs.gqa_groups
-    return (
+    grads = (
         sum_to_shape(dq, q_arr.shape).astype(out_dtype, copy=False),
         gqa_reduce(sum_to_shape(dk, k_arr.shape), groups).astype(out_dtype, copy=False),
         gqa_reduce(sum_to_shape(dv, v_arr.shape), groups).astype(out_dtype, copy=False),
     )
+    if sink_weight is None:
+        return grads
+    per_row = -(sink_weight * delta[..., 0])  # (..., H, T) the sink column's dz
+    H = sink_weight.shape[-2]
+    dsinks = per_row.reshape(-1, H, T).sum(axis=(0, 2))  # (H,)
+    return (*grads, dsinks.astype(out_dtype, copy=False))
 
 
 def _tiles(inputs: AttentionInputs, per_nat: float) -> Tiles:
@@ -420,7 +462,10 @@ def merge_partials(
         out = exp(lse1 - lse) · out1 + exp(lse2 - lse) · out2
 
     A side with no allowed key (lse = -inf) contributes nothing; if neither has
-    one the result is out 0, lse -inf.
+    one the result is out 0, lse -inf. A huge finite fill (``finfo.min``, -1e30)
+    over a whole row makes both sides' lse the fill: float64 has rounded away
+    the log of each side's key count that weighs them, so such a row is refused
+    (a boolean mask keeps it exact) rather than merged wrong.
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(0)
@@ -445,6 +490,7 @@ def merge_partials(
         as_forward(lse, name, o1.shape[:-1], "(..., T)", _LSE_DTYPE, allow_neginf=True)
         for name, lse in (("lse1", lse1), ("lse2", lse2))
     )
+    check_weighable(l1, l2, dtype)
     lse = np.logaddexp(l1, l2)  # (..., T)
     shift = np.where(lse == -np.inf, np.inf, lse)  # neither side has a key: weights exp(-inf) = 0
     weight1 = np.exp(l1 - shift)[..., None].astype(dtype)  # (..., T, 1)
