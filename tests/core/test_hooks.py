@@ -212,3 +212,20 @@ def test_bert_names_and_last_resid_post_equal_the_fused_output():
     normed = centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + 1e-12)
     expected = normed * model.embedding_norm.gamma + model.embedding_norm.beta
     np.testing.assert_allclose(cache["blocks.0.hook_resid_pre"], expected, rtol=0, atol=1e-5)
+
+
+def test_tiny_decoder_names_and_its_cached_path_refuses_hooks():
+    from attnlab.nn.decoder import DecoderConfig, TinyDecoder
+
+    model = TinyDecoder(DecoderConfig(vocab_size=20, d_model=8, num_heads=2, d_ff=12,
+                                      num_layers=2))
+    names = hook_names(model)
+    assert names[0] == "hook_embed" and names[-1] == "ln_final.hook_normalized"
+    assert "blocks.1.attn.hook_rot_q" in names  # RoPE by default
+    ids = np.array([[1, 2, 3, 4]])
+    logits, cache = run_with_cache(model, ids)
+    final = cache["ln_final.hook_normalized"]  # (B, T, E): the unembedding reads it
+    np.testing.assert_allclose(logits, final @ model.W_head, rtol=0, atol=1e-5)
+    with attached(model, [("blocks.0.attn.hook_q", lambda v, n: None)]):
+        with pytest.raises(AttnlabError, match="cached path has no hook points"):
+            model.generate([1, 2], 2)
