@@ -24,7 +24,7 @@ PACKAGE = Path(attnlab.__file__).parent
 LAYERS: list[tuple[str, list[str]]] = [
     ("checks", ["attnlab.errors", "attnlab.shapes"]),
     ("math", ["attnlab.special", "attnlab.init", "attnlab.masks", "attnlab.positional",
-              "attnlab.positional_relative", "attnlab.trace", "attnlab.kernel",
+              "attnlab.positional_relative", "attnlab.trace", "attnlab.hooks", "attnlab.kernel",
               "attnlab.attention", "attnlab.backward"]),
     ("fast paths", ["attnlab.fast"]),
     ("tasks", ["attnlab.tasks"]),
@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("training", ["attnlab.train"]),
     ("report", ["attnlab.report"]),
     ("studies", ["attnlab.studies"]),
+    ("exercises", ["attnlab.exercises"]),
     ("cli", ["attnlab.cli", "attnlab.__main__"]),
     ("package", ["attnlab"]),
 ]

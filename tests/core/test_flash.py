@@ -489,6 +489,36 @@ def test_merging_two_key_ranges_equals_attention_over_all_keys(split):
                                atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fill", ["finfo.min", -1e30, -1e6])
+def test_merging_under_a_fill_over_a_whole_row_is_right_or_refused(dtype, fill):
+    # Keys 0-4 / 5-7, row 0 under the fill everywhere: each part's lse is the fill
+    # + log n, and float64 rounds log n away at |fill| >= 1e16, so the merge used
+    # to return out1 + out2 (off by 0.77). It must equal the plain path over
+    # all keys (float64 is the float64 reference) or refuse, naming lse1, lse2.
+    # Rows 1-3 (fill over part of the row, none) still merge: 1e-12 in float64,
+    # 2e-6 in float32 (the parts' float32 rounding). -1e6 is within float64's
+    # exact range: it merges, to 1e-10 (one ulp of 1e6 moves the weights ~3e-11).
+    fill = float(np.finfo(dtype).min) if fill == "finfo.min" else fill
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal(shape) for shape in ((4, 6), (8, 6), (8, 3)))
+    bias = np.zeros((4, 8))
+    bias[0, :], bias[1, :5], bias[2, 6:] = fill, fill, fill
+    q, k, v, bias = (a.astype(dtype) for a in (q, k, v, bias))
+    parts = [flash_attention(q, k[cols], v[cols], bias=bias[:, cols], return_lse=True)
+             for cols in (slice(0, 5), slice(5, 8))]
+    plain = scaled_dot_product_attention(q, k, v, bias=bias)  # (T, Dv), over all keys
+    tol = 2e-6 if dtype == np.float32 else (1e-12 if abs(fill) > 1e6 else 1e-10)
+    if abs(fill) > 1e6:
+        with pytest.raises(AttnlabError, match=r"lse1, lse2: expected log-sum-exps that can "
+                                               r"weigh the two parts, got .* at row \(0,\)"):
+            merge_partials(*parts[0], *parts[1])
+        parts = [(out[1:], lse[1:]) for out, lse in parts]
+        plain = plain[1:]
+    out, _ = merge_partials(*parts[0], *parts[1])
+    np.testing.assert_allclose(out, plain, rtol=0, atol=tol)
+
+
 def test_merge_partials_checks_shapes():
     with pytest.raises(ShapeError, match=r"out2: expected the shape of out1 .* = \(3, 2\)"):
         merge_partials(np.zeros((3, 2)), np.zeros(3), np.zeros((3, 4)), np.zeros(3))

@@ -54,10 +54,11 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
-from ..kernel import AttentionInputs, check_inputs, gqa_reduce
+from ..kernel import AttentionInputs, check_inputs, check_sinks, gqa_reduce
 from . import flash_tiles
 from .flash_parts import (
     as_forward,
+    check_weighable,
     exact_references,
     run_parts,
     split_batch,
@@ -71,6 +72,7 @@ __all__ = [
     "FlashStats",
     "flash_attention",
     "flash_attention_backward",
+    "join_sinks",
     "merge_partials",
 ]
 
@@ -115,6 +117,7 @@ def flash_attention(
     return_lse: Literal[False] = ..., stats: FlashStats | None = ...,
     num_threads: int | None = ..., window: Any = ..., causal_alignment: str = ...,
     softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
+    sinks: Any = ...,
 ) -> np.ndarray: ...
 @overload
 def flash_attention(
@@ -123,6 +126,7 @@ def flash_attention(
     return_lse: Literal[True], stats: FlashStats | None = ...,
     num_threads: int | None = ..., window: Any = ..., causal_alignment: str = ...,
     softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
+    sinks: Any = ...,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 def flash_attention(
     q: Any,
@@ -143,6 +147,7 @@ def flash_attention(
     softcap: float | None = None,
     enable_gqa: bool = False,
     alibi_slopes: Any = None,
+    sinks: Any = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Scaled dot-product attention computed tile by tile, never holding the (T, S) matrix.
 
@@ -192,6 +197,12 @@ def flash_attention(
     threads do the parallel work. The numbers do not depend on n: the same
     parts are computed in the same way, whichever thread runs them.
 
+    ``sinks`` (H,), attention sinks (see :func:`attnlab.scaled_dot_product_attention`),
+    are joined after the tiles, exactly, by the merge rule of :func:`merge_partials`
+    with a key set whose lse is the sink and whose output is 0::
+
+        lse_sink = logaddexp(lse, sink_h),   out_sink = exp(lse - lse_sink) · out
+
     Memory beyond the output: a copy of v (with a column of ones, which gives
     the softmax sums in the same matmul) and a few tiles per thread,
     O(S·Dv + threads·block_q·block_k) per batch-head.
@@ -210,6 +221,7 @@ def flash_attention(
                           enable_gqa=enable_gqa, alibi_slopes=alibi_slopes)
     q_arr, k_arr, v_arr = inputs.q, inputs.k, inputs.v
     scale_value, out_dtype = inputs.scale, inputs.out_dtype
+    sink_logits = check_sinks(sinks, inputs.batch, _LSE_DTYPE)
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
     if num_threads is not None:
@@ -263,8 +275,20 @@ def flash_attention(
 
     if v_unit is not None:
         out *= v_unit  # back from units: |out| <= max|v| per column, no overflow
+    if sink_logits is not None:
+        out, lse = join_sinks(out, lse, sink_logits)
     out = out.astype(out_dtype, copy=False)
     return (out, lse) if return_lse else out
+
+
+def join_sinks(
+    out: np.ndarray, lse: np.ndarray, sinks: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Attention over the keys, joined with each head's sink (a key set of lse sink_h and
+    output 0): (..., H, T, Dv), (..., H, T), (H, 1, 1) -> out, lse with the sinks."""
+    joined = np.logaddexp(lse, sinks[..., 0])  # (..., H, T), float64
+    kept = np.exp(lse - joined)  # (..., H, T): 0 for a row with no key (lse = -inf)
+    return out * kept[..., None].astype(out.dtype), joined
 
 
 def flash_attention_backward(
@@ -288,7 +312,8 @@ def flash_attention_backward(
     softcap: float | None = None,
     enable_gqa: bool = False,
     alibi_slopes: Any = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    sinks: Any = None,
+) -> tuple[np.ndarray, ...]:
     """Gradients of :func:`flash_attention`, recomputing each tile's weights from ``lse``.
 
     Shapes:
@@ -321,9 +346,16 @@ def flash_attention_backward(
     backward, at the cost of two (block_q, S) arrays per batch-head (the block of
     queries is shortened to keep each under ``BACKWARD_ROW_SCORES`` scores).
     ``out`` is checked for its shape only. Rows with nothing to attend to
-    (lse = -inf) pass no gradient. A row whose every score sits under a huge
-    finite fill (-1e9, ``finfo.min``) has an lse whose fractional part even
-    float64 cannot hold; its exact reference is recomputed from the scores.
+    (lse = -inf) pass no gradient. With ``sinks`` (H,), ``out`` and ``lse`` are the
+    forward's with the sinks (the weights rebuilt from that lse are the sink-joined
+    ones, whose row sum is 1 − P_sink), δ is scaled by that row sum, and dsinks (H,)
+    comes fourth::
+
+        dsink_h = −Σ_(batch, T) P_sink · δ,     P_sink = exp(sink_h − lse)
+
+    A row whose every score sits under a huge finite fill (-1e9, ``finfo.min``)
+    has an lse whose fractional part even float64 cannot hold; its exact
+    reference is recomputed from the scores.
 
     ``num_threads`` as in the forward: None computes in the calling thread with
     BLAS's own threads; an integer n runs the parts (a few batch-heads each, all
@@ -346,6 +378,7 @@ def flash_attention_backward(
     for name, shape in (("dq", (*batch, T, D)), ("dk", (*batch, S, D)), ("dv", (*batch, S, Dv))):
         check_alloc(shape, dtype, f"the gradient {name}", "q, k, v")
     as_forward(out, "out", (*batch, T, Dv), "(..., T, Dv)", dtype)
+    sink_logits = check_sinks(sinks, tuple(batch), _LSE_DTYPE)
     lse_arr = as_forward(lse, "lse", (*batch, T), "(..., T)", _LSE_DTYPE, allow_neginf=True)
     dout_arr = check_upstream(dout, (*batch, T, Dv), "(..., T, Dv)", dtype)
 
@@ -366,6 +399,12 @@ def flash_attention_backward(
     # P = exp(s - high - low) = exp(s - high) · row_scale: the low part, a per-row factor,
     # is carried by the (bq, D) and (bq, Dv) operands rather than by a pass over each tile.
     row_scale = units.exp(-lse_low)  # (..., T, 1)
+    sink_weight = None
+    delta_scale = None  # (..., T, 1): δ's factor, the keys' share of each row's weight
+    if sink_logits is not None:  # the keys' weights sum to 1 - P_sink, not 1
+        sink_weight = np.exp(sink_logits[..., 0] - lse_arr)  # (..., H, T) P_sink
+        delta_scale = (1.0 - sink_weight)[..., None].astype(dtype)  # (..., T, 1)
+    delta = np.zeros((*batch, T, 1), dtype=dtype)  # (..., T, 1) δ, filled block by block
 
     dq = np.zeros((*batch, T, D), dtype=dtype)  # (..., T, D), in units of dz k
     dk = np.zeros((*batch, S, D), dtype=dtype)  # (..., S, D), in units of dzᵀ q
@@ -384,10 +423,12 @@ def flash_attention_backward(
         buffers = (np.empty(part_heads * rows_q * width, dtype=dtype),
                    np.empty(part_heads * rows_q * width, dtype=dtype))
         args = (q_full[index], k_full[index], k_t[index], v_t[index], dout_arr[index],
-                lse_high[index], row_scale[index], part_tiles, units, scores_scale)
+                lse_high[index], row_scale[index],
+                None if delta_scale is None else delta_scale[index], part_tiles, units,
+                scores_scale)
         for q0 in range(0, T, rows_q):
             _backward_rows(*args, q0, min(q0 + rows_q, T), block_k, buffers,
-                           dq[index], dk[index], dv[index])
+                           delta[index], dq[index], dk[index], dv[index])
 
     parts = list(np.ndindex(*batch[:split]))
     run_parts(backward_part, parts, num_threads)
@@ -398,25 +439,34 @@ def flash_attention_backward(
     dq *= scale_typed
     dk *= scale_typed
     groups = inputs.gqa_groups
-    return (
+    grads = (
         sum_to_shape(dq, q_arr.shape).astype(out_dtype, copy=False),
         gqa_reduce(sum_to_shape(dk, k_arr.shape), groups).astype(out_dtype, copy=False),
         gqa_reduce(sum_to_shape(dv, v_arr.shape), groups).astype(out_dtype, copy=False),
     )
+    if sink_weight is None:
+        return grads
+    per_row = -(sink_weight * delta[..., 0])  # (..., H, T) the sink column's dz
+    H = sink_weight.shape[-2]
+    dsinks = per_row.reshape(-1, H, T).sum(axis=(0, 2))  # (H,)
+    return (*grads, dsinks.astype(out_dtype, copy=False))
 
 
 def _backward_rows(
     q: np.ndarray, k: np.ndarray, k_t: np.ndarray, v_t: np.ndarray, dout: np.ndarray,
-    lse_high: np.ndarray, row_scale: np.ndarray, tiles: Tiles, units: ScoreUnits,
-    scores_scale: np.floating, q0: int, q1: int, block_k: int,
-    buffers: tuple[np.ndarray, np.ndarray], dq: np.ndarray, dk: np.ndarray, dv: np.ndarray,
+    lse_high: np.ndarray, row_scale: np.ndarray, delta_scale: np.ndarray | None, tiles: Tiles,
+    units: ScoreUnits, scores_scale: np.floating, q0: int, q1: int, block_k: int,
+    buffers: tuple[np.ndarray, np.ndarray], delta: np.ndarray, dq: np.ndarray,
+    dk: np.ndarray, dv: np.ndarray,
 ) -> None:
     """One block of queries' share of the backward: writes dq's rows, adds to dk and dv.
 
     Shapes: q (..., T, D), k (..., S, D), k_t (..., D, S), v_t (..., Dv, S),
-    dout (..., T, Dv); lse_high, row_scale (..., T, 1); ``buffers``: two flat
-    arrays of (...)·bq·S elements or more, for the row's P and dP tiles;
-    dq (..., T, D), dk (..., S, D), dv (..., S, Dv), updated in place.
+    dout (..., T, Dv); lse_high, row_scale, delta_scale (..., T, 1) (delta_scale:
+    the keys' share of each row's weight with sinks, else None); ``buffers``: two
+    flat arrays of (...)·bq·S elements or more, for the row's P and dP tiles;
+    delta (..., T, 1), whose rows are written; dq (..., T, D), dk (..., S, D),
+    dv (..., S, Dv), updated in place.
 
     A first sweep over the key tiles makes each tile's P' = exp(s - lse_high) and
     dP = dout vᵀ once, keeps them, and sums Σ P' ⊙ dP and Σ P' per row; a second
@@ -462,13 +512,16 @@ def _backward_rows(
     # under these weights, so that dP - δ cancels as in the plain path: a query that
     # sees one key gets dq = 0 exactly.
     total = weighted[..., 1:]  # (..., bq, 1)
-    delta = weighted[..., :1] / np.where(total == 0.0, 1.0, total)  # (..., bq, 1)
+    row_delta = np.divide(weighted[..., :1], np.where(total == 0.0, 1.0, total),
+                          out=delta[..., q0:q1, :])  # (..., bq, 1)
+    if delta_scale is not None:
+        row_delta *= delta_scale[..., q0:q1, :]  # Σ P ⊙ dP over keys worth 1 - P_sink
     dout_scaled = dout_blk * scale_rows  # (..., bq, Dv): P'ᵀ (row_scale · dout) = Pᵀ dout
     q_scaled = q[..., q0:q1, :] * scale_rows  # (..., bq, D): dz'ᵀ (row_scale · q) = dzᵀ q
     dq_rows = np.zeros((*dout_blk.shape[:-1], q.shape[-1]), dtype=dtype)  # (..., bq, D)
     for k0, k1, weights, dscores, cap_slope in kept:
         dv[..., k0:k1, :] += np.matmul(np.swapaxes(weights, -1, -2), dout_scaled)  # (..., bk, Dv)
-        dscores -= delta
+        dscores -= row_delta
         dscores *= weights  # (..., bq, bk) dz' = dz / row_scale
         if cap_slope is not None:
             dscores *= cap_slope  # (..., bq, bk) through c·tanh(s / c)
@@ -530,7 +583,10 @@ def merge_partials(
         out = exp(lse1 - lse) · out1 + exp(lse2 - lse) · out2
 
     A side with no allowed key (lse = -inf) contributes nothing; if neither has
-    one the result is out 0, lse -inf.
+    one the result is out 0, lse -inf. A huge finite fill (``finfo.min``, -1e30)
+    over a whole row makes both sides' lse the fill: float64 has rounded away
+    the log of each side's key count that weighs them, so such a row is refused
+    (a boolean mask keeps it exact) rather than merged wrong.
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(0)
@@ -555,6 +611,7 @@ def merge_partials(
         as_forward(lse, name, o1.shape[:-1], "(..., T)", _LSE_DTYPE, allow_neginf=True)
         for name, lse in (("lse1", lse1), ("lse2", lse2))
     )
+    check_weighable(l1, l2, dtype)
     lse = np.logaddexp(l1, l2)  # (..., T)
     shift = np.where(lse == -np.inf, np.inf, lse)  # neither side has a key: weights exp(-inf) = 0
     weight1 = np.exp(l1 - shift)[..., None].astype(dtype)  # (..., T, 1)

@@ -87,6 +87,32 @@ def _blas_held_to_one_thread() -> Iterator[bool]:
 _LSE_EXACT_LIMIT = 2.0**20
 
 
+def check_weighable(lse1: np.ndarray, lse2: np.ndarray, dtype: np.dtype) -> None:
+    """Refuse to merge rows whose two float64 lse (..., T) cannot weigh the parts.
+
+    Each side weighs exp(lse_i - lse). Beyond |lse| = _LSE_EXACT_LIMIT (a huge
+    finite fill over the whole row: lse = fill + log n rounds to the fill) the
+    rounding of each lse, one ulp, moves the weights by up to ulp / 4; where
+    that exceeds the outputs' own precision (4 eps of ``dtype``) and the sides
+    are close enough for both to count (|lse1 - lse2| < 64), the merged row
+    would be off (out1 + out2 at finfo.min), so it is refused.
+    """
+    both = np.isfinite(lse1) & np.isfinite(lse2)  # (..., T)
+    top = np.where(both, np.maximum(np.abs(lse1), np.abs(lse2)), 0.0)  # (..., T)
+    with np.errstate(over="ignore", invalid="ignore"):  # spacing(finfo.max) is inf: refused
+        unknown = (both & (top > _LSE_EXACT_LIMIT) & (np.abs(lse1 - lse2) < 64.0)
+                   & (np.spacing(top) > 4 * np.finfo(dtype).eps))  # (..., T)
+    if unknown.any():
+        row = tuple(int(i) for i in np.argwhere(unknown)[0])
+        raise AttnlabError(
+            f"lse1, lse2: expected log-sum-exps that can weigh the two parts, got "
+            f"{lse1[row]:.6g} and {lse2[row]:.6g} at row {row}: a finite fill this large "
+            "over a whole row leaves each part's key count below float64's rounding of "
+            "its lse; mask those keys with a boolean mask (an empty part has lse -inf and "
+            "merges exactly) or use a fill of magnitude at most 1e6"
+        )
+
+
 def split_lse(lse: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """The float64 lse (..., T) as high + low parts in ``dtype``, each (..., T, 1).
 
