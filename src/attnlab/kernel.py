@@ -58,6 +58,7 @@ __all__ = [
     "abs_max",
     "alibi_tile",
     "attend",
+    "scaled_scores",
     "attend_with_lse",
     "alibi_max",
     "check_alibi_range",
@@ -518,6 +519,27 @@ def attend_with_lse(
     """:func:`attend`, and the log-sum-exp (..., T) of each row's scores (float64, natural
     log, -inf for a row with nothing to attend to, as flash's; the sink included), before
     dropout."""
+    scaled = scaled_scores(q, k, allowed, bias, scale, softcap=softcap,
+                           keep=keep)  # (..., T, S)
+    if sinks is not None:
+        joined, row_lse = softmax_rows_with_lse(with_sinks(scaled, sinks), lse=lse)
+        weights = joined[..., :-1]  # (..., T, S): the sink's column takes no value
+    else:
+        weights, row_lse = softmax_rows_with_lse(scaled, lse=lse)  # (..., T, S), (..., T)
+    if keep is not None:
+        weights *= keep
+        weights *= np.asarray(keep_scale, dtype=weights.dtype)  # (..., T, S) after dropout
+    return weights @ v, weights, row_lse  # (..., T, Dv), (..., T, S), (..., T)
+
+
+def scaled_scores(
+    q: np.ndarray, k: np.ndarray, allowed: np.ndarray | None = None,
+    bias: np.ndarray | None = None, scale: float = 1.0, *, softcap: float | None = None,
+    keep: np.ndarray | None = None,
+) -> np.ndarray:
+    """The scores the softmax of :func:`attend` reads: cap(q kᵀ · scale) + bias, -inf where
+    not allowed; a new array. Shapes: q (..., T, D), k (..., S, D) -> (..., T, S)
+    (broadcast with allowed, bias and keep). No checks."""
     scaled = q @ np.swapaxes(k, -1, -2)  # (..., T, S) scores
     scaled *= np.asarray(scale, dtype=scaled.dtype)  # in place: one pass, no copy
     if softcap is not None:
@@ -534,15 +556,7 @@ def attend_with_lse(
             scaled += bias  # (..., T, S)
     if allowed is not None:
         np.copyto(scaled, -np.inf, where=~allowed)  # (..., T, S) blocked -> -inf
-    if sinks is not None:
-        joined, row_lse = softmax_rows_with_lse(with_sinks(scaled, sinks), lse=lse)
-        weights = joined[..., :-1]  # (..., T, S): the sink's column takes no value
-    else:
-        weights, row_lse = softmax_rows_with_lse(scaled, lse=lse)  # (..., T, S), (..., T)
-    if keep is not None:
-        weights *= keep
-        weights *= np.asarray(keep_scale, dtype=weights.dtype)  # (..., T, S) after dropout
-    return weights @ v, weights, row_lse  # (..., T, Dv), (..., T, S), (..., T)
+    return scaled
 
 
 def softmax_rows(scores: np.ndarray) -> np.ndarray:

@@ -63,6 +63,7 @@ __all__ = [
     "check_inputs",
     "attend",
     "stable_softmax",
+    "scaled_scores",
     "band_allowed",
     "causal_allowed",
     "window_allowed",
@@ -498,14 +499,7 @@ def _plain(
     T, S = q.shape[-2], k.shape[-2]
     if is_causal:  # only reached with T == S and no mask (see attend)
         allowed = causal_allowed(T, S, q.device)  # (T, S)
-    scores = q @ k.transpose(-1, -2)  # (..., T, S)
-    scaled = scores * scale  # (..., T, S)
-    if softcap is not None:
-        scaled = torch.tanh(scaled / softcap) * softcap  # (..., T, S)
-    if bias is not None:
-        scaled = scaled + bias.to(work)  # (..., T, S)
-    if allowed is not None:
-        scaled = scaled.masked_fill(~allowed, float("-inf"))  # (..., T, S)
+    scaled = scaled_scores(q, k, allowed, bias, scale, softcap=softcap)  # (..., T, S)
     if sinks is not None:  # each head's sink logit as one more column, dropped after softmax
         column = sinks.to(work)[:, None, None].expand(*scaled.shape[:-1], 1)  # (..., H, T, 1)
         scaled = torch.cat([scaled, column], dim=-1)  # (..., H, T, S + 1)
@@ -524,6 +518,26 @@ def _plain(
     if return_lse:
         results += (_row_lse(scaled),)  # (..., T)
     return results if len(results) > 1 else out
+
+
+def scaled_scores(
+    q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None, bias: torch.Tensor | None,
+    scale: float, *, is_causal: bool = False, softcap: float | None = None,
+) -> torch.Tensor:  # (..., T, D), (..., S, D) -> (..., T, S)
+    """The scores the softmax of :func:`attend` reads, in q's dtype: cap(q kᵀ · scale) +
+    bias, -inf where not allowed (``is_causal`` bottom-right). The twin of
+    :func:`attnlab.kernel.scaled_scores`; no checks."""
+    if is_causal:
+        causal = causal_allowed(q.shape[-2], k.shape[-2], q.device)  # (T, S)
+        allowed = causal if allowed is None else allowed & causal
+    scaled = (q @ k.transpose(-1, -2)) * scale  # (..., T, S)
+    if softcap is not None:
+        scaled = torch.tanh(scaled / softcap) * softcap  # (..., T, S)
+    if bias is not None:
+        scaled = scaled + bias.to(scaled.dtype)  # (..., T, S)
+    if allowed is not None:
+        scaled = scaled.masked_fill(~allowed, float("-inf"))  # (..., T, S)
+    return scaled
 
 
 def _row_lse(scaled: torch.Tensor) -> torch.Tensor:  # (..., T, S) -> (..., T)
