@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("models", ["attnlab.models", "attnlab.torch", "attnlab.triton"]),
     ("distributed", ["attnlab.distributed"]),
     ("lenses", ["attnlab.lens"]),
+    ("hugging face", ["attnlab.hf"]),
     ("training", ["attnlab.train"]),
     ("report", ["attnlab.report"]),
     ("studies", ["attnlab.studies"]),
