@@ -22,6 +22,7 @@ import copy
 import io
 import json
 import os
+import posixpath
 import re
 from pathlib import Path
 
@@ -154,8 +155,33 @@ def _lessons(lang: str, page_src: str) -> str:
                      for i, p in enumerate(_notebooks(lang), start=1))
 
 
+ZH_SCHEME = "attnlab-zh:"
+ZH_LINK = re.compile(r"\]\(([^)\s#]+)\.zh\.md(#[^)\s]*)?\)")
+
+
+def _zh_links(markdown: str, page_src: str) -> str:
+    """On an English page, a link to ``X.zh.md`` (how a page points at its Chinese twin
+    for readers of the Markdown files) goes to the Chinese site's page for X."""
+    folder = posixpath.dirname(page_src)
+    up = "../" * len(Path(page_src).parts[:-1])
+
+    def to_zh(match: re.Match) -> str:
+        target = posixpath.normpath(posixpath.join(folder, match.group(1)))
+        # A scheme keeps mkdocs from checking it as a page of this (English) build;
+        # on_page_content makes it relative again.
+        return f"]({ZH_SCHEME}{up}zh/{target}.html{match.group(2) or ''})"
+
+    return ZH_LINK.sub(to_zh, markdown)
+
+
+def on_page_content(html, page, config, files, **kwargs):
+    return html.replace(f'href="{ZH_SCHEME}', 'href="')
+
+
 def on_page_markdown(markdown, page, config, files, **kwargs):
     lang = _language(config)
+    if lang == "en":
+        markdown = _zh_links(markdown, page.file.src_uri)
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, _cli_help(lang))
     if LESSONS_MARKER in markdown:
