@@ -57,9 +57,11 @@ def test_errors_carry_their_message():
 
     with pytest.raises(AttnlabError) as info:
         check_finite(np.array([1.0, np.nan]), "q")
-    assert str(info.value) == "q: expected finite values, got 1 non-finite (first: NaN at index (1,))"
+    assert str(info.value) == ("q: expected finite values, got 1 non-finite "
+                               "(first: NaN at index (1,))")
     assert isinstance(info.value.message, Message)
-    assert render_error(info.value, "zh") == "q：需要有限值，实际有 1 个非有限值（第一个：位置 (1,) 上的 NaN）"
+    assert render_error(info.value, "zh") == ("q：需要有限值，实际有 1 个非有限值"
+                                              "（第一个：位置 (1,) 上的 NaN）")
     plain = AttnlabError("a plain message")
     assert plain.message is None and render_error(plain, "zh") == "a plain message"
     extra = missing_extra("torch", "torch", "attnlab.torch ")
