@@ -29,6 +29,7 @@ from .kernel import (
     attend_with_lse,
     check_dropout,
     check_inputs,
+    check_sinks,
     stable_softmax,
 )
 
@@ -75,7 +76,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., scale: float | None = ..., return_weights: Literal[False] = ...,
     return_lse: Literal[False] = ..., window: Any = ..., causal_alignment: str = ...,
     softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
-    dropout_mask: Any = ..., rng: Any = ...,
+    dropout_mask: Any = ..., rng: Any = ..., sinks: Any = ...,
 ) -> np.ndarray: ...
 @overload
 def scaled_dot_product_attention(
@@ -83,7 +84,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., scale: float | None = ..., return_weights: Literal[True],
     return_lse: Literal[False] = ..., window: Any = ..., causal_alignment: str = ...,
     softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
-    dropout_mask: Any = ..., rng: Any = ...,
+    dropout_mask: Any = ..., rng: Any = ..., sinks: Any = ...,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 @overload
 def scaled_dot_product_attention(
@@ -91,7 +92,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., scale: float | None = ..., return_weights: bool = ...,
     return_lse: Literal[True], window: Any = ..., causal_alignment: str = ...,
     softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
-    dropout_mask: Any = ..., rng: Any = ...,
+    dropout_mask: Any = ..., rng: Any = ..., sinks: Any = ...,
 ) -> tuple[np.ndarray, ...]: ...
 def scaled_dot_product_attention(
     q: Any,
@@ -112,6 +113,7 @@ def scaled_dot_product_attention(
     alibi_slopes: Any = None,
     dropout_mask: Any = None,
     rng: Any = None,
+    sinks: Any = None,
 ) -> np.ndarray | tuple[np.ndarray, ...]:
     """Scaled dot-product attention.
 
@@ -123,6 +125,7 @@ def scaled_dot_product_attention(
         bias float, broadcastable to (..., T, S); added to the scaled scores (-inf allowed)
         alibi_slopes  (H,) or (B, H): adds -slope·|i' - j| (FlashAttention's ``alibi_slopes``)
         dropout_mask  bool, broadcastable to (..., T, S); True = kept (or drawn from ``rng``)
+        sinks (H,): attention sinks, one logit per head (q (..., H, T, D))
         ->   out (..., T, Dv), then weights (..., T, S) if ``return_weights``, then
              lse (..., T) if ``return_lse``
 
@@ -137,6 +140,7 @@ def scaled_dot_product_attention(
         scaled  = scaled + bias + alibi           alibi = -slope·|i' - j|
         weights = softmax(scaled where allowed)   allowed = mask & causal & window
         lse     = log Σ_S exp(scaled where allowed)     (..., T), natural log
+        with sinks: softmax and lse over [scaled, sink_h], the sink's column dropped
         weights = weights · keep / (1 - dropout_p)      if dropout
         out     = weights @ v                     (..., T, Dv)
 
@@ -152,7 +156,12 @@ def scaled_dot_product_attention(
     :func:`attnlab.fast.sparse.sliding_window_attention`).
 
     A row with no key to attend to (all masked, or all bias -inf) gets weights 0,
-    output 0 and lse -inf.
+    output 0 and lse -inf (lse = the sink's logit with ``sinks``).
+
+    ``sinks`` (GPT-OSS's ``s_aux``, FlashAttention's ``learnable_sink``): head h's
+    logit joins every row's softmax as one more column that takes no value, so a
+    row's weights sum to 1 - exp(sink_h - lse) (StreamingLLM's attention sink,
+    learned): Hugging Face's GPT-OSS eager attention, exactly.
 
     Dropout (off by default) takes ``dropout_mask`` (True = kept) or draws it
     from ``rng`` (a ``np.random.Generator`` or a seed); the kept weights are
@@ -176,9 +185,11 @@ def scaled_dot_product_attention(
                           enable_gqa=enable_gqa, alibi_slopes=alibi_slopes)
     keep, keep_scale = check_dropout(dropout_p, rng, dropout_mask,
                                      (*inputs.batch, inputs.T, inputs.S))
+    sink_logits = check_sinks(sinks, inputs.batch, inputs.q.dtype)
     out, weights, lse = attend_with_lse(
         inputs.q, inputs.k, inputs.v, inputs.allowed, inputs.bias, inputs.scale,
         softcap=inputs.softcap, keep=keep, keep_scale=keep_scale, lse=return_lse,
+        sinks=sink_logits,
     )
     if inputs.out_dtype != out.dtype:
         out, weights = out.astype(inputs.out_dtype), weights.astype(inputs.out_dtype)

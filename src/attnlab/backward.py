@@ -29,10 +29,11 @@ import numpy as np
 
 from .attention import check_axis
 from .errors import ShapeError, as_float_array, shape_str
-from .kernel import attend, check_dropout, check_inputs, gqa_reduce
+from .kernel import attend, check_dropout, check_inputs, check_sinks, gqa_reduce
 
 __all__ = [
     "AttentionGrads",
+    "SinkAttentionGrads",
     "attention_backward",
     "check_upstream",
     "sdpa_backward",
@@ -49,6 +50,17 @@ class AttentionGrads(NamedTuple):
     dk: np.ndarray  # (..., S, D)
     dv: np.ndarray  # (..., S, Dv)
     dbias: np.ndarray | None  # bias's own shape; None when no bias was given
+
+
+class SinkAttentionGrads(NamedTuple):
+    """Gradients of :func:`sdpa_backward` called with ``sinks``: those of
+    :class:`AttentionGrads` and the sink logits'."""
+
+    dq: np.ndarray  # (..., T, D)
+    dk: np.ndarray  # (..., S, D)
+    dv: np.ndarray  # (..., S, Dv)
+    dbias: np.ndarray | None  # bias's own shape; None when no bias was given
+    dsinks: np.ndarray  # (H,)
 
 
 # ----------------------------------------------------------------------- softmax
@@ -110,7 +122,8 @@ def sdpa_backward(
     alibi_slopes: Any = None,
     dropout_mask: Any = None,
     rng: Any = None,
-) -> AttentionGrads:
+    sinks: Any = None,
+) -> AttentionGrads | SinkAttentionGrads:
     """Gradients of :func:`attnlab.scaled_dot_product_attention` (recomputes the forward).
 
     Shapes:
@@ -143,6 +156,12 @@ def sdpa_backward(
 
     Masked entries and fully-masked rows have P = 0, hence dz = 0: they pass no
     gradient to q, k or bias, and v gets none from them.
+
+    With ``sinks`` (H,) the weights P are those of the softmax over [z, sink_h]
+    without the sink's column, and the result is a :class:`SinkAttentionGrads`
+    whose ``dsinks`` (H,) is the sink column's dz (its dP is 0: it takes no value)::
+
+        dsink_h = −Σ_(batch, T) P_sink · Σ_S dP ⊙ P,    P_sink = 1 − Σ_S P
     """
     inputs = check_inputs(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale,
                           window=window, causal_alignment=causal_alignment, softcap=softcap,
@@ -151,9 +170,10 @@ def sdpa_backward(
     scale_value, out_dtype = inputs.scale, inputs.out_dtype
     keep, keep_scale = check_dropout(dropout_p, rng, dropout_mask,
                                      (*inputs.batch, inputs.T, inputs.S))
+    sink_logits = check_sinks(sinks, inputs.batch, q_arr.dtype)
     # The kernel's forward gives the weights P (causal and window are in `allowed`).
     _, weights = attend(q_arr, k_arr, v_arr, inputs.allowed, bias_arr, scale_value,
-                        softcap=inputs.softcap)  # (..., T, S)
+                        softcap=inputs.softcap, sinks=sink_logits)  # (..., T, S)
     T, Dv = q_arr.shape[-2], v_arr.shape[-1]
     dout_arr = check_upstream(dout, (*weights.shape[:-2], T, Dv), "(..., T, Dv)", weights.dtype)
     cap_slope = None
@@ -164,13 +184,24 @@ def sdpa_backward(
                                              keep=keep, keep_scale=keep_scale,
                                              cap_slope=cap_slope)
     groups = inputs.gqa_groups
-    return AttentionGrads(
+    grads = AttentionGrads(
         sum_to_shape(dq, q_arr.shape).astype(out_dtype, copy=False),
         gqa_reduce(sum_to_shape(dk, k_arr.shape), groups).astype(out_dtype, copy=False),
         gqa_reduce(sum_to_shape(dv, v_arr.shape), groups).astype(out_dtype, copy=False),
         None if inputs.bias_shape is None
         else sum_to_shape(dscaled, inputs.bias_shape).astype(out_dtype, copy=False),
     )
+    if sink_logits is None:
+        return grads
+    dweights = dout_arr @ np.swapaxes(v_arr, -1, -2)  # (..., T, S) dP
+    if keep is not None:
+        dweights = dweights * keep * keep_scale
+    delta = np.sum(dweights * weights, axis=-1)  # (..., T)
+    sink_weight = 1.0 - np.sum(weights, axis=-1)  # (..., T) P_sink
+    per_row = -(sink_weight * delta)  # (..., H, T)
+    H = sink_logits.shape[0]
+    dsinks = per_row.reshape(-1, H, per_row.shape[-1]).sum(axis=(0, 2))  # (H,)
+    return SinkAttentionGrads(*grads, dsinks.astype(out_dtype, copy=False))
 
 
 def attention_backward(

@@ -13,6 +13,11 @@ softmax rule). Nothing below the boundary checks again.
         weights = softmax(scaled where allowed)  rows with nothing allowed -> 0
         out     = weights @ v                    (..., T, Dv)
 
+With attention sinks (``sinks``, one logit per head, GPT-OSS's ``s_aux``,
+FlashAttention's ``learnable_sink``) each row's softmax runs over its scores
+and the head's sink logit, and the sink's column, which has no value, is then
+dropped: the weights of a row sum to 1 - exp(sink - lse), and lse includes the sink.
+
 ``allowed`` holds the mask, the causal rule and the window; both causal
 alignments and every window are one band of positions (:class:`attnlab.shapes.Band`):
 query i sits at i' = S - T + i (bottom-right, the default) or i' = i (top-left)
@@ -54,18 +59,24 @@ __all__ = [
     "abs_max",
     "alibi_tile",
     "attend",
+    "scaled_scores",
     "attend_with_lse",
+    "alibi_max",
+    "check_alibi_range",
     "check_alibi_slopes",
     "check_dropout",
     "check_softcap",
     "gqa_reduce",
     "check_inputs",
+    "low_precision_dtype",
     "check_key_padding",
     "check_mask_and_bias",
     "check_score_range",
+    "check_sinks",
     "softmax_rows",
     "softmax_rows_with_lse",
     "stable_softmax",
+    "with_sinks",
 ]
 
 #: The plain path refuses to build a score matrix with more elements than this
@@ -138,7 +149,7 @@ def check_inputs(
     (flash): no MAX_SCORE_ELEMENTS refusal, and causality, the window and
     ALiBi are left to them (``band``, ``alibi_slopes``).
     """
-    low_precision = _low_precision_dtype(q, k, v)
+    low_precision = low_precision_dtype(q, k, v)
     q_arr = as_float_array(q, "q")
     k_arr = as_float_array(k, "k")
     v_arr = as_float_array(v, "v")
@@ -188,11 +199,12 @@ def check_inputs(
         mask, bias, is_causal, score_shape, dtype, tiled=True
     )
     bias_shape = None if bias_arr is None else tuple(bias_arr.shape)
+    slopes = check_alibi_slopes(alibi_slopes, batch, dtype, T, S)
     check_score_range(
         abs_max(q_arr), abs_max(k_arr), D, scale_value, dtype,
-        bias_max=float(np.max(bias_arr)) if bias_arr is not None and bias_arr.size else 0.0,
+        bias_max=(float(np.max(bias_arr)) if bias_arr is not None and bias_arr.size else 0.0)
+        + alibi_max(slopes, T, S),
     )
-    slopes = check_alibi_slopes(alibi_slopes, batch, dtype)
     offset = S - T if alignment == "bottom_right" else 0
     if not tiled:
         if band is not None:
@@ -208,7 +220,7 @@ def check_inputs(
                            offset)
 
 
-def _low_precision_dtype(*arrays: Any) -> np.dtype | None:
+def low_precision_dtype(*arrays: Any) -> np.dtype | None:
     """float16 (or bfloat16, ml_dtypes') when every input has it: computed in float32 and
     returned in it, as torch does on CPU; else None."""
     dtypes = {getattr(a, "dtype", None) for a in arrays}
@@ -273,17 +285,44 @@ def check_softcap(softcap: Any) -> float | None:
 
 
 def check_alibi_slopes(
-    slopes: Any, batch: tuple[int, ...], dtype: Any
+    slopes: Any, batch: tuple[int, ...], dtype: Any, T: int, S: int
 ) -> np.ndarray | None:
     """ALiBi slopes (H,) or (B, H), FlashAttention's ``alibi_slopes``, broadcasting against
-    the batch dims (..., H): -> (..., H, 1, 1) in ``dtype``, or None."""
+    the batch dims (..., H): -> (..., H, 1, 1) in ``dtype``, or None. Finite, and small
+    enough that the bias -slope·|i' - j| stays finite (:func:`check_alibi_range`)."""
     if slopes is None:
         return None
     arr = as_float_array(slopes, "alibi_slopes")
     if arr.ndim not in (1, 2):
         raise ShapeError(f"alibi_slopes: expected (H,) or (B, H), got {shape_str(arr.shape)}")
     check_broadcastable(arr.shape, batch, "alibi_slopes", "the batch dims (..., H)")
+    check_alibi_range(abs_max(arr), T, S, dtype)
     return arr.astype(dtype, copy=False)[..., None, None]  # (..., H, 1, 1)
+
+
+def check_alibi_range(slope_max: float, T: int, S: int, dtype: Any) -> None:
+    """Refuse ALiBi slopes whose bias -slope·|i' - j| could overflow ``dtype``.
+
+    The distance |i' - j| is below T + S, so max|slope|·(T + S) bounds the
+    bias; it must stay below a quarter of the largest value, which leaves room
+    for the scores and a fill added to it. Real slopes (2^-8h/H) are < 1.
+    """
+    limit = float(np.finfo(dtype).max) / 4
+    reach = slope_max * max(T + S, 1)  # Python floats: inf on overflow, no exception
+    if not reach < limit:
+        raise AttnlabError(
+            f"alibi_slopes: expected |slope|·(T + S) below {limit:.3g} (a quarter of "
+            f"{np.dtype(dtype)}'s largest value) so that the bias -slope·|i' - j| stays "
+            f"finite, got max|slope| = {slope_max:.3g} with T + S = {T + S}"
+        )
+
+
+def alibi_max(slopes: np.ndarray | None, T: int, S: int) -> float:
+    """The largest value ALiBi's bias can add to a score: -min(slope)·(T + S) if a slope is
+    negative, else 0 (checked slopes (..., 1, 1) or None)."""
+    if slopes is None or not slopes.size:
+        return 0.0
+    return max(0.0, -float(np.min(slopes))) * (T + S)
 
 
 def alibi_tile(
@@ -298,6 +337,29 @@ def alibi_tile(
     query_pos = np.arange(q0, q1, dtype=slopes.dtype)[:, None] + slopes.dtype.type(offset)
     distance = np.abs(query_pos - np.arange(k0, k1, dtype=slopes.dtype)[None, :])  # (bq, bk)
     return -slopes * distance  # (..., bq, bk)
+
+
+def check_sinks(sinks: Any, batch: tuple[int, ...], dtype: Any) -> np.ndarray | None:
+    """Attention sinks (H,): one finite logit per head, broadcasting against the batch
+    dims (..., H) -> (H, 1, 1) in ``dtype`` (broadcasting to (..., H, T, 1)), or None."""
+    if sinks is None:
+        return None
+    arr = as_float_array(sinks, "sinks")
+    if arr.ndim != 1:
+        raise ShapeError(f"sinks: expected one logit per head (H,), got {shape_str(arr.shape)}")
+    if not batch or batch[-1] != arr.shape[0]:
+        raise ShapeError(
+            f"sinks: expected one logit per head of q (..., H, T, D), (H,) = "
+            f"{shape_str(batch[-1:] or (1,))}, got {shape_str(arr.shape)}")
+    return arr.astype(dtype, copy=False)[:, None, None]  # (H, 1, 1)
+
+
+def with_sinks(scaled: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """The scores with each head's sink logit as one more column: (..., H, T, S) and
+    (H, 1, 1) -> (..., H, T, S + 1)."""
+    column = np.broadcast_to(sinks.astype(scaled.dtype, copy=False),
+                             (*scaled.shape[:-1], 1))  # (..., H, T, 1)
+    return np.concatenate([scaled, column], axis=-1)  # (..., H, T, S + 1)
 
 
 def check_dropout(
@@ -422,7 +484,7 @@ def check_score_range(
 def attend(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray | None = None,
     bias: np.ndarray | None = None, scale: float = 1.0, *, softcap: float | None = None,
-    keep: np.ndarray | None = None, keep_scale: float = 1.0,
+    keep: np.ndarray | None = None, keep_scale: float = 1.0, sinks: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """softmax(cap(q kᵀ · scale) + bias, where allowed) v, on already validated arrays.
 
@@ -431,11 +493,13 @@ def attend(
     (..., T, S) -> out (..., T, Dv), weights (..., T, S). ``softcap`` c makes
     the scaled scores c·tanh(s / c) before the bias and the mask. With ``keep``
     the weights are multiplied by keep · keep_scale (dropout) before v; the
-    returned weights are those. No checks: call it below a boundary that ran
-    :func:`check_inputs` (or an equivalent check of its own arguments).
+    returned weights are those. ``sinks`` (H, 1, 1), from :func:`check_sinks`: each
+    head's sink logit joins every row's softmax and takes no value. No checks: call
+    it below a boundary that ran :func:`check_inputs` (or an equivalent check of its
+    own arguments).
     """
     out, weights, _ = attend_with_lse(q, k, v, allowed, bias, scale, softcap=softcap, keep=keep,
-                                      keep_scale=keep_scale, lse=False)
+                                      keep_scale=keep_scale, lse=False, sinks=sinks)
     return out, weights
 
 
@@ -443,9 +507,32 @@ def attend_with_lse(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray | None = None,
     bias: np.ndarray | None = None, scale: float = 1.0, *, softcap: float | None = None,
     keep: np.ndarray | None = None, keep_scale: float = 1.0, lse: bool = True,
+    sinks: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """:func:`attend`, and the log-sum-exp (..., T) of each row's scores (float64, natural
-    log, -inf for a row with nothing to attend to, as flash's), before dropout."""
+    log, -inf for a row with nothing to attend to, as flash's; the sink included), before
+    dropout."""
+    scaled = scaled_scores(q, k, allowed, bias, scale, softcap=softcap,
+                           keep=keep)  # (..., T, S)
+    if sinks is not None:
+        joined, row_lse = softmax_rows_with_lse(with_sinks(scaled, sinks), lse=lse)
+        weights = joined[..., :-1]  # (..., T, S): the sink's column takes no value
+    else:
+        weights, row_lse = softmax_rows_with_lse(scaled, lse=lse)  # (..., T, S), (..., T)
+    if keep is not None:
+        weights *= keep
+        weights *= np.asarray(keep_scale, dtype=weights.dtype)  # (..., T, S) after dropout
+    return weights @ v, weights, row_lse  # (..., T, Dv), (..., T, S), (..., T)
+
+
+def scaled_scores(
+    q: np.ndarray, k: np.ndarray, allowed: np.ndarray | None = None,
+    bias: np.ndarray | None = None, scale: float = 1.0, *, softcap: float | None = None,
+    keep: np.ndarray | None = None,
+) -> np.ndarray:
+    """The scores the softmax of :func:`attend` reads: cap(q kᵀ · scale) + bias, -inf where
+    not allowed; a new array. Shapes: q (..., T, D), k (..., S, D) -> (..., T, S)
+    (broadcast with allowed, bias and keep). No checks."""
     scaled = q @ np.swapaxes(k, -1, -2)  # (..., T, S) scores
     scaled *= np.asarray(scale, dtype=scaled.dtype)  # in place: one pass, no copy
     if softcap is not None:
@@ -462,11 +549,7 @@ def attend_with_lse(
             scaled += bias  # (..., T, S)
     if allowed is not None:
         np.copyto(scaled, -np.inf, where=~allowed)  # (..., T, S) blocked -> -inf
-    weights, row_lse = softmax_rows_with_lse(scaled, lse=lse)  # (..., T, S), (..., T)
-    if keep is not None:
-        weights *= keep
-        weights *= np.asarray(keep_scale, dtype=weights.dtype)  # (..., T, S) after dropout
-    return weights @ v, weights, row_lse  # (..., T, Dv), (..., T, S), (..., T)
+    return scaled
 
 
 def softmax_rows(scores: np.ndarray) -> np.ndarray:

@@ -28,7 +28,8 @@ from typing import Any, Literal, overload
 import torch
 
 from ..attention import check_axis
-from ..errors import AttnlabError, ShapeError, check_broadcastable, check_flag
+from ..errors import AttnlabError, ShapeError, check_broadcastable, check_flag, shape_str
+from ..shapes import check_attention_shapes
 from . import debug
 from .checks import as_bool_tensor, as_float_tensor, check_probability, check_same_device
 from .kernel import AttentionInputs, attend, check_inputs, fast_fused, stable_softmax
@@ -66,7 +67,7 @@ def scaled_dot_product_attention(
     scale: float | None = ..., return_weights: Literal[False] = ...,
     return_lse: Literal[False] = ..., window: Any = ..., causal_alignment: str = ...,
     softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
-    dropout_mask: torch.Tensor | None = ...,
+    dropout_mask: torch.Tensor | None = ..., sinks: torch.Tensor | None = ...,
     backend: str = ...,
 ) -> torch.Tensor: ...
 @overload
@@ -76,7 +77,7 @@ def scaled_dot_product_attention(
     scale: float | None = ..., return_weights: Literal[True],
     return_lse: Literal[False] = ..., window: Any = ..., causal_alignment: str = ...,
     softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
-    dropout_mask: torch.Tensor | None = ...,
+    dropout_mask: torch.Tensor | None = ..., sinks: torch.Tensor | None = ...,
     backend: str = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
@@ -86,7 +87,8 @@ def scaled_dot_product_attention(
     scale: float | None = ..., return_weights: bool = ...,
     return_lse: Literal[True], window: Any = ..., causal_alignment: str = ...,
     softcap: float | None = ..., enable_gqa: bool = ..., alibi_slopes: Any = ...,
-    dropout_mask: torch.Tensor | None = ...,
+    dropout_mask: torch.Tensor | None = ..., sinks: torch.Tensor | None = ...,
+    backend: str = ...,
 ) -> tuple[torch.Tensor, ...]: ...
 def scaled_dot_product_attention(
     q: torch.Tensor,
@@ -106,6 +108,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = False,
     alibi_slopes: Any = None,
     dropout_mask: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     backend: str = "torch",
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Scaled dot-product attention; behaves identically to
@@ -119,6 +122,7 @@ def scaled_dot_product_attention(
         bias float, broadcastable to (..., T, S); added to the scaled scores (-inf allowed)
         alibi_slopes  (H,) or (B, H) tensor or array: adds -slope·|i' - j|
         dropout_mask  bool, broadcastable to (..., T, S); True = kept (else torch's RNG)
+        sinks (H,): attention sinks, one logit per head of q (..., H, T, D), learnable
         ->   out (..., T, Dv), then weights (..., T, S) if ``return_weights``, then
              lse (..., T) if ``return_lse``
 
@@ -133,6 +137,7 @@ def scaled_dot_product_attention(
         scaled  = scaled + bias + alibi                # alibi = -slope·|i' - j|
         allowed = mask & causal & window               # by position, see below
         weights = softmax(scaled.masked_fill(~allowed, -inf))   # all -inf row -> 0
+        # with sinks: softmax (and lse) over cat([scaled, sink_h]), the sink column dropped
         lse     = logsumexp(scaled where allowed)      # (..., T), -inf for an empty row
         weights = dropout(weights, dropout_p)          # or weights * dropout_mask / (1 - p)
         out     = weights @ v                          # (..., T, Dv)
@@ -178,11 +183,13 @@ def scaled_dot_product_attention(
                 ("return_lse", return_lse, False), ("window", window, None),
                 ("causal_alignment", causal_alignment, "bottom_right"),
                 ("softcap", softcap, None), ("alibi_slopes", alibi_slopes, None),
-                ("dropout_mask", dropout_mask, None)):
+                ("dropout_mask", dropout_mask, None), ("sinks", sinks, None)):
             if value is not default and value != default:
                 raise AttnlabError(
                     f"{name}: backend='triton' computes attention without it; got {value!r} "
                     f"(use backend='torch' for {name})")
+        if not check_flag(enable_gqa, "enable_gqa"):  # the torch backend's rule: H = Hkv
+            check_attention_shapes(*(tuple(getattr(t, "shape", ())) for t in (q, k, v)))
         from ..triton.dispatch import sdpa_with_backend
 
         return sdpa_with_backend(q, k, v, mask, bias=bias, is_causal=is_causal,
@@ -191,7 +198,7 @@ def scaled_dot_product_attention(
     if (bias is None and dropout_p == 0.0 and scale is None and return_weights is False
             and return_lse is False and window is None and causal_alignment == "bottom_right"
             and softcap is None and enable_gqa is False and alibi_slopes is None
-            and dropout_mask is None and not debug.debug_checks_enabled()):
+            and dropout_mask is None and sinks is None and not debug.debug_checks_enabled()):
         out = fast_fused(q, k, v, mask, is_causal)  # None: not the plain common case
         if out is not None:
             return out
@@ -203,13 +210,29 @@ def scaled_dot_product_attention(
                           enable_gqa=enable_gqa, alibi_slopes=alibi_slopes)
     p = check_probability(dropout_p, "dropout_p")
     keep = _check_dropout_mask(dropout_mask, p, inputs)
+    sink_logits = check_sinks(sinks, inputs)
     if debug.debug_checks_enabled():
         check_values(inputs)
     return attend(
         inputs.q, inputs.k, inputs.v, inputs.allowed, inputs.bias, inputs.scale,
         is_causal=inputs.is_causal, dropout_p=p, return_weights=return_weights,
-        softcap=inputs.softcap, dropout_mask=keep, return_lse=return_lse,
+        softcap=inputs.softcap, dropout_mask=keep, return_lse=return_lse, sinks=sink_logits,
     )
+
+
+def check_sinks(sinks: Any, inputs: AttentionInputs) -> torch.Tensor | None:
+    """Attention sinks (H,): one logit per head of q (..., H, T, D), on q's device; the
+    NumPy twin's rule (:func:`attnlab.kernel.check_sinks`). Kept differentiable."""
+    if sinks is None:
+        return None
+    sink_t = as_float_tensor(sinks, "sinks")
+    batch = inputs.shapes.batch
+    if sink_t.ndim != 1 or not batch or batch[-1] != sink_t.shape[0]:
+        raise ShapeError(
+            f"sinks: expected one logit per head of q (..., H, T, D), (H,) = "
+            f"{shape_str(tuple(batch[-1:]) or (1,))}, got {shape_str(tuple(sink_t.shape))}")
+    check_same_device(inputs.q, "q", sink_t, "sinks")
+    return sink_t
 
 
 def _check_dropout_mask(

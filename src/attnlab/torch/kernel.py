@@ -38,8 +38,14 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..errors import ShapeError, check_broadcastable, check_flag, check_scale, shape_str
-from ..kernel import check_softcap
+from ..errors import (
+    ShapeError,
+    check_broadcastable,
+    check_flag,
+    check_scale,
+    shape_str,
+)
+from ..kernel import check_alibi_range, check_softcap
 from ..shapes import (
     AttentionShapes,
     Band,
@@ -49,13 +55,15 @@ from ..shapes import (
     check_score_elements,
     check_window_pair,
 )
-from .checks import as_bool_tensor, as_float_tensor, check_same_device
+from . import debug
+from .checks import as_bool_tensor, as_float_tensor, check_same_device, check_tensor_alloc
 
 __all__ = [
     "AttentionInputs",
     "check_inputs",
     "attend",
     "stable_softmax",
+    "scaled_scores",
     "band_allowed",
     "causal_allowed",
     "window_allowed",
@@ -211,6 +219,12 @@ def _alibi_bias(
         )
     check_broadcastable(slopes_t.shape, batch, "alibi_slopes", "the batch dims (..., H)")
     check_same_device(like, "q", slopes_t, "alibi_slopes")
+    if debug.debug_checks_enabled():  # values are read only then, naming alibi_slopes
+        debug.check_finite([("alibi_slopes", slopes_t)])
+        if slopes_t.numel():
+            check_alibi_range(float(slopes_t.detach().abs().amax()), T, S,
+                              debug.numpy_dtype(compute_dtype(like.dtype)))
+    check_tensor_alloc((*slopes_t.shape, T, S), like.dtype, "the ALiBi bias (..., H, T, S)", "q, k")
     slopes_t = slopes_t.to(like.dtype)
     query_pos = torch.arange(T, device=like.device, dtype=like.dtype)[:, None] + offset
     distance = (query_pos - torch.arange(S, device=like.device, dtype=like.dtype)[None, :]).abs()
@@ -220,6 +234,7 @@ def _alibi_bias(
 def band_allowed(band: Band, T: int, S: int, device: Any = None) -> torch.Tensor:  # -> (T, S)
     """The checked band's mask (causal rule and window by position), True = may attend; the
     twin of :func:`attnlab.masks.band_mask`."""
+    check_tensor_alloc((T, S), torch.bool, "the window mask (T, S)", "q, k")
     query_pos = torch.arange(T, device=device)[:, None] + band.offset  # (T, 1)
     key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
     allowed = torch.ones((T, S), dtype=torch.bool, device=device)
@@ -238,6 +253,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def causal_allowed(T: int, S: int, device: Any = None) -> torch.Tensor:  # -> (T, S)
     """The bottom-right causal rule, True = may attend: query i, at S - T + i, sees
     keys j <= S - T + i."""
+    check_tensor_alloc((T, S), torch.bool, "the causal mask (T, S)", "q, k")
     query_pos = torch.arange(T, device=device)[:, None] + (S - T)  # (T, 1) absolute positions
     key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
     return key_pos <= query_pos  # (T, S)
@@ -254,6 +270,8 @@ def window_allowed(
     ints: p - left <= j <= p + right. ``global_pos``: keys every query sees and
     queries that see every key (still cut at j <= p when causal).
     """
+    check_tensor_alloc((len(query_pos), len(key_pos)), torch.int64, "the window offsets (T, S)",
+                "q, k")
     offset = key_pos[None, :] - query_pos[:, None]  # (T, S): key position - query position
     if isinstance(window, tuple):
         left, right = window
@@ -299,6 +317,7 @@ def attend(
     softcap: float | None = None,
     dropout_mask: torch.Tensor | None = None,
     return_lse: bool = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """softmax(cap(q kᵀ · scale) + bias, where allowed) v on checked tensors of one dtype and
     device.
@@ -310,7 +329,10 @@ def attend(
     adds it (bottom-right). ``softcap`` c: c·tanh(s / c) on the scaled scores,
     before bias and mask. ``dropout_p`` > 0 drops weights (callers pass 0 in eval
     mode), with ``dropout_mask`` (bool, True = kept) if given, else torch's RNG.
-    A soft cap, a dropout mask or the lse take the plain path.
+    A soft cap, a dropout mask or the lse take the plain path. ``sinks`` (H,), q's
+    dtype and device, q (..., H, T, D): each head's sink logit joins every row's
+    softmax and takes no value (the fused path gives it as one more key, of zeros,
+    whose score is the sink through a float mask).
     """
     T, S = q.shape[-2], k.shape[-2]
     # torch's own is_causal masks with -inf *before* scaling: a scale <= 0 (or one that
@@ -324,9 +346,44 @@ def attend(
             or not (q.numel() and k.numel() and v.numel())):
         # The fused kernel has no rule for empty inputs (S = 0 above all), no soft cap,
         # takes no dropout mask and gives no lse.
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        check_tensor_alloc((*batch, T, S), compute_dtype(q.dtype), "the score matrix (..., T, S)",
+                           "q, k")
         return _plain(q, k, v, allowed, bias, scale, is_causal, dropout_p, return_weights,
-                      softcap, dropout_mask, return_lse)
+                      softcap, dropout_mask, return_lse, sinks)
+    if sinks is not None:
+        return _fused_with_sinks(q, k, v, allowed, bias, scale, is_causal, dropout_p, sinks)
     return _fused(q, k, v, allowed, bias, scale, is_causal, dropout_p)
+
+
+def _fused_with_sinks(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
+    bias: torch.Tensor | None, scale: float, is_causal: bool, dropout_p: float,
+    sinks: torch.Tensor,
+) -> torch.Tensor:  # -> (..., T, Dv)
+    """The fused kernel with sinks: one more key of zeros (score 0) and value of zeros, and a
+    float mask that is the bias (-inf where not allowed) and each head's sink in that
+    key's column. A row with no key left attends to its sink alone: output 0."""
+    T, S = q.shape[-2], k.shape[-2]
+    if is_causal:  # only reached with T == S and no mask (see attend)
+        allowed = causal_allowed(T, S, q.device)  # (T, S)
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    check_tensor_alloc((*batch, T, S + 1), q.dtype, "the sinks' float mask (..., H, T, S + 1)",
+                       "q, k")
+    q = q.expand(*batch, *q.shape[-2:])  # (..., H, T, D)
+    k = k.expand(*batch, *k.shape[-2:])
+    v = v.expand(*batch, *v.shape[-2:])
+    k_ext = torch.cat([k, k.new_zeros((*batch, 1, k.shape[-1]))], dim=-2)  # (..., S + 1, D)
+    v_ext = torch.cat([v, v.new_zeros((*batch, 1, v.shape[-1]))], dim=-2)  # (..., S + 1, Dv)
+    scores_mask = q.new_zeros((*batch, T, S))  # (..., H, T, S)
+    if bias is not None:
+        scores_mask = scores_mask + bias
+    if allowed is not None:
+        scores_mask = scores_mask.masked_fill(~allowed, float("-inf"))
+    sink_column = sinks.to(q.dtype)[:, None, None].expand(*batch, T, 1)  # (..., H, T, 1)
+    attn_mask = torch.cat([scores_mask, sink_column], dim=-1)  # (..., H, T, S + 1)
+    return F.scaled_dot_product_attention(q, k_ext, v_ext, attn_mask=attn_mask,
+                                          dropout_p=dropout_p, scale=scale)
 
 
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -433,6 +490,7 @@ def _plain(
     softcap: float | None = None,
     dropout_mask: torch.Tensor | None = None,
     return_lse: bool = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """The plain computation, op for op the NumPy core's (float16/bfloat16 in float32)."""
     out_dtype = q.dtype
@@ -441,15 +499,13 @@ def _plain(
     T, S = q.shape[-2], k.shape[-2]
     if is_causal:  # only reached with T == S and no mask (see attend)
         allowed = causal_allowed(T, S, q.device)  # (T, S)
-    scores = q @ k.transpose(-1, -2)  # (..., T, S)
-    scaled = scores * scale  # (..., T, S)
-    if softcap is not None:
-        scaled = torch.tanh(scaled / softcap) * softcap  # (..., T, S)
-    if bias is not None:
-        scaled = scaled + bias.to(work)  # (..., T, S)
-    if allowed is not None:
-        scaled = scaled.masked_fill(~allowed, float("-inf"))  # (..., T, S)
-    weights = stable_softmax(scaled, dim=-1)  # (..., T, S)
+    scaled = scaled_scores(q, k, allowed, bias, scale, softcap=softcap)  # (..., T, S)
+    if sinks is not None:  # each head's sink logit as one more column, dropped after softmax
+        column = sinks.to(work)[:, None, None].expand(*scaled.shape[:-1], 1)  # (..., H, T, 1)
+        scaled = torch.cat([scaled, column], dim=-1)  # (..., H, T, S + 1)
+        weights = stable_softmax(scaled, dim=-1)[..., :-1]  # (..., H, T, S)
+    else:
+        weights = stable_softmax(scaled, dim=-1)  # (..., T, S)
     if dropout_mask is not None:
         weights = weights * dropout_mask / (1.0 - dropout_p)  # (..., T, S) the given keep-mask
     elif dropout_p > 0.0:
@@ -462,6 +518,26 @@ def _plain(
     if return_lse:
         results += (_row_lse(scaled),)  # (..., T)
     return results if len(results) > 1 else out
+
+
+def scaled_scores(
+    q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None, bias: torch.Tensor | None,
+    scale: float, *, is_causal: bool = False, softcap: float | None = None,
+) -> torch.Tensor:  # (..., T, D), (..., S, D) -> (..., T, S)
+    """The scores the softmax of :func:`attend` reads, in q's dtype: cap(q kᵀ · scale) +
+    bias, -inf where not allowed (``is_causal`` bottom-right). The twin of
+    :func:`attnlab.kernel.scaled_scores`; no checks."""
+    if is_causal:
+        causal = causal_allowed(q.shape[-2], k.shape[-2], q.device)  # (T, S)
+        allowed = causal if allowed is None else allowed & causal
+    scaled = (q @ k.transpose(-1, -2)) * scale  # (..., T, S)
+    if softcap is not None:
+        scaled = torch.tanh(scaled / softcap) * softcap  # (..., T, S)
+    if bias is not None:
+        scaled = scaled + bias.to(scaled.dtype)  # (..., T, S)
+    if allowed is not None:
+        scaled = scaled.masked_fill(~allowed, float("-inf"))  # (..., T, S)
+    return scaled
 
 
 def _row_lse(scaled: torch.Tensor) -> torch.Tensor:  # (..., T, S) -> (..., T)
