@@ -95,7 +95,7 @@ MESSAGES: dict[str, tuple[str, str]] = {
     # ---- the distributed layouts
     "ring.length": ("{name}: the {layout} layout cuts the sequence into {rule} = {chunks} equal chunks, so the length must be a multiple of {chunks}, got {T}; pad it to {padded} (attnlab.distributed.padded_length) and pass key_padding False on the padding",
                     "{name}：{layout} 布局把序列切成 {rule} = {chunks} 个等长的块，所以长度必须是 {chunks} 的倍数，实际为 {T}；请填充到 {padded}（attnlab.distributed.padded_length），并在填充处把 key_padding 设为 False"),
-    "ring.kv_heads": ("--kv-heads: expected a divisor of --heads = {heads}, got {kv_heads}", "--kv-heads：需要能整除 --heads = {heads} 的数，实际得到 {kv_heads}"),
+    "ring.kv_heads": ("--kv-heads: expected a divisor of --heads {heads}, got {kv_heads}", "--kv-heads：需要能整除 --heads {heads} 的数，实际得到 {kv_heads}"),
     "ring.out_needs_simulate": ("--out: writes the simulation's figure, so it needs --simulate", "--out：写出的是模拟的图，需要同时给出 --simulate"),
     # ---- the lens
     "lens.link": ("{name}: expected two tokens joined by '->' such as 'it->animal', got {got}", "{name}：需要用 '->' 连接的两个词元，例如 'it->animal'，实际得到 {got}"),
