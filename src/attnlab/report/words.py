@@ -120,7 +120,7 @@ STEP_TEXT.update({
     "normed_in": {
         "en": ("LayerNorm of the input (pre-LN)", "each row centred and scaled to unit "
                "variance before attention"),
-        "zh": ("输入的层归一化（Pre-LN）", "在注意力之前，把每一行减去均值、除以标准差"),
+        "zh": ("输入的层规范化（Pre-LN）", "在注意力之前，把每一行减去均值、除以标准差"),
     },
     "Q_all": {
         "en": ("All queries X·Wq", "one projection for every head: (T, H·d_k), split next"),
@@ -131,8 +131,8 @@ STEP_TEXT.update({
         "zh": ("全部键 X·Wk", "所有头共用一次投影：(T, H·d_k)，接下来再拆分成多个头"),
     },
     "V_all": {
-        "en": ("All values X·Wv", "one projection for every head: (T, H·d_k), split next"),
-        "zh": ("全部值 X·Wv", "所有头共用一次投影：(T, H·d_k)，接下来再拆分成多个头"),
+        "en": ("All values X·Wv", "one projection for every head: (T, H·d_v), split next"),
+        "zh": ("全部值 X·Wv", "所有头共用一次投影：(T, H·d_v)，接下来再拆分成多个头"),
     },
     "Q_rope": {
         "en": ("Queries after RoPE", "each pair of features turned by an angle that grows "
@@ -145,15 +145,15 @@ STEP_TEXT.update({
         "zh": ("旋转位置编码后的键", "与查询同样旋转：q·k 于是取决于两个词元相隔多远"),
     },
     "residual": {
-        "en": ("Residual x + attention(x)", "the layer's input added back, so a deep stack "
+        "en": ("Residual connection", "the layer's input added back, so a deep stack "
                "can pass information (and gradients) straight through"),
-        "zh": ("残差连接 x + attention(x)", "把这一层的输入加回来，"
+        "zh": ("残差连接", "把这一层的输入加回来，"
                "深层网络才能让信息和梯度直接通过"),
     },
     "normed": {
         "en": ("LayerNorm (post-LN)", "each row centred and scaled to unit variance: the "
                "layer's output"),
-        "zh": ("层归一化（Post-LN）", "把每一行减去均值、除以标准差：这一层的输出"),
+        "zh": ("层规范化（Post-LN）", "把每一行减去均值、除以标准差：这一层的输出"),
     },
 })
 
@@ -165,7 +165,7 @@ NOTE_TEXT: dict[str, dict[str, str]] = {
               "nothing yet. A story like seed 002's (去了 → 学校) is what trained weights "
               "learn; see a real model with `attnlab inspect`.",
         "zh": "这些权重是随机的，没有经过训练：哪个词元关注哪个词元，现在还没有任何含义。"
-              "像种子文章 002 那样的故事（去了 → 学校）是训练后的权重才学得到的；"
+              "像原文 002 那样的故事（去了 → 学校）是训练后的权重才学得到的；"
               "真实模型请看 `attnlab inspect`。",
     },
     "same_rows": {
@@ -188,14 +188,14 @@ NOTE_TEXT: dict[str, dict[str, str]] = {
               "exp overflows float64: seed 000's softmax (no max subtracted) then gives NaN.",
         "zh": "{where}第 {rows} 行的 softmax 已饱和：有一个权重大于 0.99，分数的跨度达 {spread}。"
               "这里的梯度几乎为 0。分数超过 709.78 时 exp 在 float64 中溢出："
-              "种子文章 000 的 softmax"
+              "原文 000 的 softmax"
               "（没有减去每行最大值）就会得到 NaN。",
     },
     "naive_overflow": {
         "en": "{where}seed 000's softmax, exp(s) / sum(exp(s)) without subtracting the row max, "
               "gives NaN or inf on these scores (largest |score| {max_score}); attnlab "
               "subtracts each row's max first, which changes nothing in exact arithmetic.",
-        "zh": "{where}种子文章 000 的 softmax（exp(s) / sum(exp(s))，没有减去每行最大值）"
+        "zh": "{where}原文 000 的 softmax（exp(s) / sum(exp(s))，没有减去每行最大值）"
               "在这些分数上"
               "得到 NaN 或 inf（最大 |分数| 为 {max_score}）；attnlab 先减去每行的最大值，"
               "在精确运算下结果不变。",
@@ -205,7 +205,7 @@ NOTE_TEXT: dict[str, dict[str, str]] = {
               "{entropy}): the scores barely differ. Seed 000's checklist: check the softmax "
               "and whether the inputs differ too little.",
         "zh": "{where}注意力权重几乎均匀（每一行的归一化熵 ≥ {entropy}）：注意力分数相差无几。"
-              "种子文章 000 的排查清单：检查 softmax 是否正确、输入值是否差异过小。",
+              "原文 000 的排查清单：检查 softmax 是否正确、输入值是否差异过小。",
     },
     "fully_masked": {
         "en": "Rows {rows} ({tokens}) have no key to attend to (every key masked): attnlab gives "
@@ -213,7 +213,7 @@ NOTE_TEXT: dict[str, dict[str, str]] = {
               "instead, and seed 000's softmax NaN.",
         "zh": "第 {rows} 行（{tokens}）没有任何可以关注的键（全部被掩码）："
               "attnlab 给它们的权重和输出都是 0。"
-              "若用 -1e9 填充，这些行会得到均匀的权重；种子文章 000 的 softmax 会得到 NaN。",
+              "若用 -1e9 填充，这些行会得到均匀的权重；原文 000 的 softmax 会得到 NaN。",
     },
 }
 
