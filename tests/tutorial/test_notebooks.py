@@ -65,8 +65,8 @@ def test_the_learner_writes_code_and_the_solution_passes_the_same_checks(path):
     assert checks and len(stubs) == len(checks)
     for check in checks:
         name = check.split('"')[1]
-        assert f'result = exercises.check("{name}", {name}, lang=LANG)\nassert result.passed' in "\n".join(
-            solution), name
+        proof = f'result = exercises.check("{name}", {name}, lang=LANG)\nassert result.passed'
+        assert proof in "\n".join(solution), name
     assert not any("raise NotImplementedError" in c for c in solution)
 
 
