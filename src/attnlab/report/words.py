@@ -168,6 +168,15 @@ NOTE_TEXT: dict[str, dict[str, str]] = {
               "像原文 002 那样的故事（去了 → 学校）是训练后的权重才学得到的；"
               "真实模型请看 `attnlab inspect`。",
     },
+    "untrained_causal": {
+        "en": "The weights are random, not trained: which token attends to which means "
+              "nothing yet. Under the causal mask each token sees only itself and the tokens "
+              "before it: a later word (学校 after 去了) is out of its reach whatever the "
+              "training, so seed 002's story (去了 → 学校) needs attention without the mask.",
+        "zh": "这些权重是随机的，没有经过训练：哪个词元关注哪个词元，现在还没有任何含义。"
+              "因果掩蔽下每个词元只能看到它自己和它前面的词元：后面的词（“去了”之后的“学校”）"
+              "无论怎样训练都看不到，所以原文 002 的故事（去了 → 学校）要在不加掩码时才成立。",
+    },
     "same_rows": {
         "en": "Tokens {tokens} (positions {positions}) have identical input rows, so they get "
               "identical rows of weights: attention alone cannot tell positions apart. "
@@ -209,11 +218,17 @@ NOTE_TEXT: dict[str, dict[str, str]] = {
     },
     "fully_masked": {
         "en": "Rows {rows} ({tokens}) have no key to attend to (every key masked): attnlab gives "
-              "them weights 0 and output 0. A -1e9 fill would give them uniform weights "
-              "instead, and seed 000's softmax NaN.",
+              "them weights 0 and output 0. Elsewhere they go wrong silently: filled with -1e9 "
+              "(seed 001) they get uniform weights; seed 000's additive mask (scores + "
+              "mask * -1e9) with a max-subtracted softmax ignores the mask on them "
+              "altogether (every score lost the same 1e9, which the max subtraction takes "
+              "back); seed 000's own softmax gives NaN.",
         "zh": "第 {rows} 行（{tokens}）没有任何可以关注的键（全部被掩码）："
               "attnlab 给它们的权重和输出都是 0。"
-              "若用 -1e9 填充，这些行会得到均匀的权重；原文 000 的 softmax 会得到 NaN。",
+              "别的写法会悄悄出错：用 -1e9 填充（原文 001）得到均匀的权重；"
+              "原文 000 的加性掩码（scores + mask * -1e9）配上减去最大值的 softmax，"
+              "在这些行上等于完全没有掩码（每个分数都减了同一个 1e9，减去最大值时又加了回来）；"
+              "原文 000 自己的 softmax 得到 NaN。",
     },
 }
 
@@ -232,7 +247,9 @@ TRACE_WORDS = {
 FLAG_TEXT = {
     "near_uniform": {"en": "near uniform", "zh": "近似均匀"},
     "over_sparse": {"en": "over-sparse", "zh": "过度稀疏"},
-    "sink": {"en": "sink", "zh": "汇聚到特殊词元"},
+    "over_sparse_positional": {"en": "one-hot by position (expected, not over-sparse)",
+                               "zh": "按位置的 one-hot（正常，不算过度稀疏）"},
+    "sink": {"en": "sink", "zh": "停靠在特殊词元（sink）"},
     "previous_token": {"en": "previous-token", "zh": "关注前一个词元"},
     "next_token": {"en": "next-token", "zh": "关注后一个词元"},
     "self": {"en": "self", "zh": "关注自身"},
@@ -324,7 +341,8 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
         "flag_text": {name: text["en"] for name, text in FLAG_TEXT.items()},
         "legend": (
             f"near uniform: entropy > {NEAR_UNIFORM_ENTROPY}; over-sparse: max weight > "
-            f"{OVER_SPARSE_MAX_WEIGHT} or entropy < {OVER_SPARSE_ENTROPY}; sink: > "
+            f"{OVER_SPARSE_MAX_WEIGHT} or entropy < {OVER_SPARSE_ENTROPY} (the rule misfires on "
+            "positional heads such as previous-token, one-hot by design: shown as such); sink: > "
             f"{SINK_SHARE} on [CLS]/[SEP]; previous-token / next-token / self: that weight > "
             f"{POSITIONAL_HEAD_SCORE}; "
             f"near-duplicate heads: JS distance < {NEAR_DUPLICATE_JS}."
@@ -379,7 +397,9 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
         "flag_text": {name: text["zh"] for name, text in FLAG_TEXT.items()},
         "legend": (
             f"近似均匀：熵 > {NEAR_UNIFORM_ENTROPY}；过度稀疏：最大权重 > {OVER_SPARSE_MAX_WEIGHT} "
-            f"或熵 < {OVER_SPARSE_ENTROPY}；汇聚到特殊词元：[CLS]/[SEP] 占比 > {SINK_SHARE}；"
+            f"或熵 < {OVER_SPARSE_ENTROPY}（这条规则会误报“前一个词元”这类按位置关注的头，"
+            f"它们本来就是 one-hot，表中另行标出）；"
+            f"停靠在特殊词元（sink）：[CLS]/[SEP] 占比 > {SINK_SHARE}；"
             f"关注前一个词元 / 后一个词元 / 自身：对应的平均权重 > {POSITIONAL_HEAD_SCORE}；"
             f"近似重复：JS 距离 < {NEAR_DUPLICATE_JS}。"
         ),
