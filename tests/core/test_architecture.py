@@ -24,7 +24,7 @@ PACKAGE = Path(attnlab.__file__).parent
 LAYERS: list[tuple[str, list[str]]] = [
     ("checks", ["attnlab.errors", "attnlab.shapes"]),
     ("math", ["attnlab.special", "attnlab.init", "attnlab.masks", "attnlab.positional",
-              "attnlab.positional_relative", "attnlab.trace", "attnlab.kernel",
+              "attnlab.positional_relative", "attnlab.trace", "attnlab.hooks", "attnlab.kernel",
               "attnlab.attention", "attnlab.backward"]),
     ("fast paths", ["attnlab.fast"]),
     ("tasks", ["attnlab.tasks"]),
@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("models", ["attnlab.models", "attnlab.torch", "attnlab.triton"]),
     ("distributed", ["attnlab.distributed"]),
     ("lenses", ["attnlab.lens"]),
+    ("hugging face", ["attnlab.hf"]),
     ("training", ["attnlab.train"]),
     ("report", ["attnlab.report"]),
     ("studies", ["attnlab.studies"]),

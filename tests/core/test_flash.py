@@ -489,6 +489,46 @@ def test_merging_two_key_ranges_equals_attention_over_all_keys(split):
                                atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fill", ["finfo.min", -1e30, -1e6])
+def test_merging_under_a_fill_over_a_whole_row_is_right_or_refused(dtype, fill):
+    # Keys 0-4 / 5-7, row 0 under the fill everywhere: each part's lse is the fill
+    # + log n, and float64 rounds log n away at |fill| >= 1e16, so the merge used
+    # to return out1 + out2 (off by 0.77). It must equal the plain path over
+    # all keys (float64 is the float64 reference) or refuse, naming lse1, lse2.
+    # Rows 1-3 (fill over part of the row, none) still merge: 1e-12 in float64,
+    # 2e-6 in float32 (the parts' float32 rounding). -1e6 is within float64's
+    # exact range: it merges, to 1e-10 (one ulp of 1e6 moves the weights ~3e-11).
+    fill = float(np.finfo(dtype).min) if fill == "finfo.min" else fill
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal(shape) for shape in ((4, 6), (8, 6), (8, 3)))
+    bias = np.zeros((4, 8))
+    bias[0, :], bias[1, :5], bias[2, 6:] = fill, fill, fill
+    q, k, v, bias = (a.astype(dtype) for a in (q, k, v, bias))
+    parts = [flash_attention(q, k[cols], v[cols], bias=bias[:, cols], return_lse=True)
+             for cols in (slice(0, 5), slice(5, 8))]
+    plain = scaled_dot_product_attention(q, k, v, bias=bias)  # (T, Dv), over all keys
+    tol = 2e-6 if dtype == np.float32 else (1e-12 if abs(fill) > 1e6 else 1e-10)
+    if abs(fill) > 1e6:
+        with pytest.raises(AttnlabError, match=r"lse1, lse2: expected log-sum-exps that can "
+                                               r"weigh the two parts, got .* at row \(0,\)"):
+            merge_partials(*parts[0], *parts[1])
+        parts = [(out[1:], lse[1:]) for out, lse in parts]
+        plain = plain[1:]
+    out, _ = merge_partials(*parts[0], *parts[1])
+    np.testing.assert_allclose(out, plain, rtol=0, atol=tol)
+
+
+def test_return_lse_is_a_flag():
+    # return_lse="no" was accepted (truthy: out and lse came back); every other
+    # flag of the call is checked.
+    q = np.ones((2, 4))
+    for bad in ("no", 1, None):
+        with pytest.raises(AttnlabError, match=r"return_lse: expected True or False, got"):
+            flash_attention(q, q, q, return_lse=bad)
+    assert isinstance(flash_attention(q, q, q, return_lse=np.bool_(False)), np.ndarray)
+
+
 def test_merge_partials_checks_shapes():
     with pytest.raises(ShapeError, match=r"out2: expected the shape of out1 .* = \(3, 2\)"):
         merge_partials(np.zeros((3, 2)), np.zeros(3), np.zeros((3, 4)), np.zeros(3))
@@ -792,9 +832,39 @@ def test_threads_give_the_same_numbers_bit_for_bit(dtype):
         assert runs[None][2] == runs[1][2]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_backward_threads_give_the_same_numbers_bit_for_bit(dtype):
+    # As for the forward: the backward's parts (batch-heads, each with all its
+    # query blocks) are the same whichever thread computes them. The gradients
+    # are checked against the plain backward in float64 above; here only that
+    # the threads change nothing, and that parts of the batch broadcast mask,
+    # bias and a shared k head correctly (float64 vs the plain path, 1e-12).
+    q, k, v, mask, bias = _problem_split_into_parts(dtype)
+    dout = np.random.default_rng(12).standard_normal((2, 3, 300, 8)).astype(dtype)
+    for opts in ({"is_causal": True}, {"bias": bias}, {"block_q": 64, "block_k": 100}):
+        out, lse = flash_attention(q, k, v, mask, **opts, return_lse=True)
+        runs = {n: flash_attention_backward(q, k, v, out, lse, dout, mask, **opts, num_threads=n)
+                for n in (None, 1, 2, 3)}
+        for n in (2, 3):
+            for got, want in zip(runs[n], runs[1], strict=True):
+                np.testing.assert_array_equal(got, want)
+        eps = float(np.finfo(dtype).eps)
+        # BLAS's own threads may split a matmul's sums differently: each gradient is a
+        # sum of a few hundred terms, rounded afresh, so 32 ulps of the largest gradient.
+        for got, want in zip(runs[None], runs[1], strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=32 * eps * float(np.abs(want).max()))
+        if dtype == np.float64:
+            plain_opts = {key: value for key, value in opts.items() if key in ("is_causal", "bias")}
+            expected = sdpa_backward(q, k, v, dout, mask, **plain_opts)[:3]
+            for got, want in zip(runs[2], expected, strict=True):
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
 def test_num_threads_is_checked():
     q = k = v = np.zeros((3, 4))
     with pytest.raises(AttnlabError, match="num_threads: expected an integer >= 1, got 0"):
         flash_attention(q, k, v, num_threads=0)
     with pytest.raises(AttnlabError, match="num_threads: expected an integer, got float 2.0"):
         flash_attention(q, k, v, num_threads=2.0)
+    with pytest.raises(AttnlabError, match="num_threads: expected an integer >= 1, got 0"):
+        flash_attention_backward(q, k, v, q, np.zeros(3), q, num_threads=0)

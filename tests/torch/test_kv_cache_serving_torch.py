@@ -131,3 +131,59 @@ def test_half_storage_matches_the_numpy_twin(dtype):
     np.testing.assert_array_equal(ours.keys.float().numpy(), twin.keys.astype(np.float32))
     np.testing.assert_array_equal(paged.keys(ids[1]).float().numpy(),
                                   paged_twin.keys(ids[1]).astype(np.float32))
+
+
+def _plain(q, k, v, is_causal=True):
+    """float64 attention of one sequence, written out: q (H, T, D), k (Hkv, S, D) -> (H, T, Dv)."""
+    G = q.shape[0] // k.shape[0]
+    k, v = np.repeat(k, G, axis=0), np.repeat(v, G, axis=0)
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])  # (H, T, S)
+    T, S = scores.shape[-2:]
+    if is_causal:  # bottom-right: query i at position S - T + i
+        scores = np.where(np.arange(S)[None, :] <= S - T + np.arange(T)[:, None], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return (weights / weights.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")])
+def test_paged_attend_never_reads_another_sequences_slots(poison):
+    # A sequence batched with a longer one is gathered to the longer length: its
+    # table was padded with block 0 and its last block's slots past its length
+    # are stale. Those slots used to be read and masked, and 0 × NaN = NaN: a
+    # NaN in block 0 (another sequence's), in a block freed and reused, or in a
+    # batched sequence's own values reached y. Now they are gathered as exact
+    # zeros: y's row must be finite and equal y alone and a float64 reference
+    # (1e-12: the same sums in another order).
+    rng = np.random.default_rng(7)
+    cache = at.PagedKVCache(8, 4, 1, 4, dtype=torch.float64)
+    x = cache.add_sequence()  # takes block 0 and 1
+    bad_k, bad_v = rng.standard_normal((2, 1, 1, 7, 4))
+    bad_k[..., 2, 1] = bad_v[..., 5, 3] = poison  # planted in block 0 and in block 1's slot 1
+    cache.append([x], _t(bad_k), _t(bad_v))
+    w = cache.add_sequence()  # takes block 2, then is freed with a poisoned stale slot
+    stale = rng.standard_normal((1, 1, 4, 4))
+    stale[..., 3, :] = poison
+    cache.append([w], _t(stale), _t(stale))
+    cache.free(w)
+    y, z = cache.add_sequence(), cache.add_sequence()
+    y_k, y_v = rng.standard_normal((2, 1, 1, 2, 4))
+    cache.append([y], _t(y_k), _t(y_v))  # y: 2 tokens in reused block 2, slot 3 holds the poison
+    assert cache.block_table(y).tolist() == [2]
+    z_k, z_v = rng.standard_normal((2, 1, 1, 11, 4))
+    z_v[..., 9, 0] = poison  # z's own poison reaches only z
+    cache.append([z], _t(z_k), _t(z_v))
+    queries = {s: rng.standard_normal((2, 1, 4)) for s in (x, y, z)}  # (H, T, D), H = 2
+    alone = cache.attend([y], _t(queries[y][None])).numpy()[0]
+    np.testing.assert_allclose(alone, _plain(queries[y], y_k[0], y_v[0]), atol=1e-12, rtol=0)
+    for batch in ([y, z], [z, y], [x, y, z]):
+        out = cache.attend(batch, _t(np.stack([queries[s] for s in batch]))).numpy()
+        assert np.isfinite(out[batch.index(y)]).all(), batch
+        np.testing.assert_allclose(out[batch.index(y)], alone, atol=1e-12, rtol=0)
+    # the NumPy twin gathers the same way: padding slots are zeros, not block 0's keys
+    twin = attnlab.PagedKVCache(4, 4, 1, 2)
+    a, b = twin.add_sequence(), twin.add_sequence()
+    twin.append([a], np.full((1, 1, 3, 2), 5.0), np.full((1, 1, 3, 2), 5.0))
+    twin.append([b], np.ones((1, 1, 9, 2)), np.ones((1, 1, 9, 2)))
+    gathered = twin._gather(np.array([3, 9]), [a, b], twin._keys)
+    np.testing.assert_array_equal(gathered[0, :, 3:], 0.0)
+    np.testing.assert_array_equal(gathered[0, :, :3], 5.0)

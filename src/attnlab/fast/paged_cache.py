@@ -13,8 +13,11 @@ the list of its blocks in position order: position p of a sequence is slot
 its last one is full, and :meth:`PagedKVCache.free` gives its blocks back to the
 pool, where the next sequence that needs one reuses them (the most recently
 freed first). A reused block is not cleared: what a sequence may read is set
-by its table and its length alone, so a previous owner's keys left in the
-block are never attended to (tested).
+by its table and its length alone. When sequences of different lengths are
+batched, the shorter ones' slots past their length (padding, the rest of a
+reused block) are gathered as exact zeros, not masked after reading, so that
+nothing another sequence wrote, not even a NaN in the torch twin, can reach
+a sequence that does not own it (0 × NaN is NaN under a mask; tested).
 
 :meth:`PagedKVCache.attend` takes a batch of sequences, each with its own
 length, and is an efficient implementation equivalent to the plain
@@ -87,8 +90,24 @@ class BlockAllocator:
         return [self._free.pop() for _ in range(count)]
 
     def release(self, blocks: Sequence[int]) -> None:
-        """Give ``blocks`` back; the last of them is handed out first."""
-        self._free.extend(reversed(blocks))
+        """Give ``blocks`` back; the last of them is handed out first.
+
+        Each must be a block of this pool that is handed out now: a block given
+        back twice would later go to two sequences at once (checked before any
+        is taken back).
+        """
+        free = set(self._free)
+        seen: set[int] = set()
+        for block in blocks:
+            if (not isinstance(block, (int, np.integer)) or isinstance(block, bool)
+                    or not 0 <= block < self.num_blocks):
+                raise AttnlabError(f"blocks: expected block ids in 0..{self.num_blocks - 1} "
+                                   f"(this pool's), got {block!r}")
+            if block in free or block in seen:
+                raise AttnlabError(f"blocks: expected blocks in use, got {int(block)}, which "
+                                   "is already free (given back twice)")
+            seen.add(int(block))
+        self._free.extend(int(b) for b in reversed(blocks))
 
 
 def check_sequence_ids(sequences: Any, known: dict[int, list[int]], B: int | None) -> list[int]:
@@ -110,6 +129,15 @@ def check_sequence_ids(sequences: Any, known: dict[int, list[int]], B: int | Non
         raise AttnlabError(f"sequences: expected one id per batch row of q, B = {B}, "
                            f"got {len(ids)}")
     return ids
+
+
+def owned_slots(lengths: np.ndarray, S: int) -> np.ndarray:
+    """Which of the S gathered slots each sequence owns: (B,) lengths -> (B, S) bool.
+
+    Slot j of row b is position j of sequence b, real only for j < S_b; the
+    others are padding (block 0 or stale slots) and are zeroed by both twins.
+    """
+    return np.arange(S)[None, :] < np.asarray(lengths, dtype=np.int64)[:, None]  # (B, S)
 
 
 def paged_allowed(lengths: np.ndarray, T: int, S: int, is_causal: bool) -> np.ndarray:
@@ -327,8 +355,8 @@ class PagedKVCache:
                 S: int | None = None, *, stored: bool = False) -> np.ndarray:
         """The first ``lengths[b]`` positions of each sequence, from ``pool`` (N, Hkv, P, ·),
         in the compute dtype (the storage dtype if ``stored``) -> (B, Hkv, S, ·), S = the
-        longest unless given; slots past a sequence's length hold whatever their block
-        holds (masked by the caller)."""
+        longest unless given; slots past a sequence's length are exact zeros (never
+        another sequence's values)."""
         P = self.block_size
         S = int(max(lengths, default=0)) if S is None else S
         n_blocks = math.ceil(S / P)
@@ -340,7 +368,8 @@ class PagedKVCache:
         B, _, Hkv, _, width = gathered.shape
         gathered = gathered.transpose(0, 2, 1, 3, 4).reshape(B, Hkv, n_blocks * P, width)
         dtype = self.dtype if stored else self.compute_dtype
-        return gathered[:, :, :S].astype(dtype, copy=False)  # (B, Hkv, S, ·)
+        owned = owned_slots(np.asarray(lengths), S)[:, None, :, None]  # (B, 1, S, 1)
+        return np.where(owned, gathered[:, :, :S], 0).astype(dtype, copy=False)  # (B, Hkv, S, ·)
 
     def __repr__(self) -> str:
         return (

@@ -24,6 +24,7 @@ import numpy as np
 from ..attention import MAX_SCORE_ELEMENTS
 from ..errors import AttnlabError, ShapeError, check_flag, shape_str
 from ..fast.varlen import check_cu_seqlens
+from ..hooks import HookSite, any_attached
 from ..masks import padding_mask
 from ..nn.layers import EncoderBlock, FeedForward, LayerNorm, layer_norm_inplace
 from ..nn.multihead import MultiHeadAttention
@@ -41,7 +42,19 @@ class BertModel:
     ``forward_packed(input_ids (N,), cu_seqlens (B + 1,))`` -> hidden (N, E);
     ``encode(texts)`` -> (n, E) float32 sentence embeddings;
     ``run(text)`` -> a :class:`attnlab.Trace` with per-layer, per-head steps.
+
+    Hook points (:mod:`attnlab.hooks`): ``hook_embed``, ``hook_pos_embed``,
+    ``hook_token_type_embed`` (B, T, E), then ``blocks.{l}.*`` of each
+    :class:`attnlab.EncoderBlock`. ``fused`` (default True) chooses the fused float32
+    encoder of :mod:`attnlab.models.fused` whenever it computes exactly what the
+    blocks compute (:func:`~attnlab.models.fused.fusable`), no recorder is given and
+    no hook is attached; otherwise (or with ``fused = False``) the blocks run one by
+    one, which is the path hooks see.
     """
+
+    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
+    #: Use the fused float32 encoder where it applies (see the class docstring).
+    fused: bool = True
 
     def __init__(
         self,
@@ -94,6 +107,11 @@ class BertModel:
                               beta=t[p + "output.LayerNorm.bias"])
             self.layers.append(EncoderBlock.from_parts(attn, norm1, ffn, norm2, norm="post"))
 
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """The embeddings' points, then every block's under ``blocks.{l}``."""
+        return ["hook_embed", "hook_pos_embed", "hook_token_type_embed",
+                *((f"blocks.{i}", layer) for i, layer in enumerate(self.layers))]
+
     # ---- tokenising ------------------------------------------------------------
 
     @property
@@ -136,10 +154,20 @@ class BertModel:
         if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
             raise AttnlabError(f"input_ids: expected ids in [0, {self.config.vocab_size}), "
                                f"got [{input_ids.min()}, {input_ids.max()}]")
+        site = self.hook_site
         x = self.word_embeddings[input_ids]  # (B, T, E), a new array: summed in place
-        x += self.position_embeddings[:T]  # (B, T, E)
-        x += (self.token_type_embeddings[0] if token_type_ids is None
-              else self.token_type_embeddings[token_type_ids])  # (E,) or (B, T, E)
+        types = (self.token_type_embeddings[0] if token_type_ids is None
+                 else self.token_type_embeddings[token_type_ids])  # (E,) or (B, T, E)
+        if site is None:
+            x += self.position_embeddings[:T]  # (B, T, E)
+            x += types
+        else:
+            shape = x.shape
+            x = site("hook_embed", x)  # (B, T, E)
+            positions = site("hook_pos_embed", np.broadcast_to(
+                self.position_embeddings[:T], shape).copy())  # (B, T, E)
+            kinds = site("hook_token_type_embed", np.broadcast_to(types, shape).copy())
+            x = np.ascontiguousarray(x + positions + kinds)  # (B, T, E)
         norm = self.embedding_norm
         return layer_norm_inplace(x, norm.gamma, norm.beta, norm.eps)  # (B, T, E)
 
@@ -165,8 +193,9 @@ class BertModel:
             mask = None
         x = self.embed(ids, token_type_ids)  # (B, T, E)
         B, T = ids.shape
-        if (recorder is None and 0 < B * self.config.num_attention_heads * T * T
-                <= MAX_SCORE_ELEMENTS and all(fusable(layer) for layer in self.layers)):
+        if (self.fused and recorder is None and 0 < B * self.config.num_attention_heads * T * T
+                <= MAX_SCORE_ELEMENTS and all(fusable(layer) for layer in self.layers)
+                and not any_attached(self)):
             hidden = fused_encoder(self.layers, x, mask)  # (B, T, E)
             if np.isfinite(hidden).all():
                 return hidden
@@ -211,7 +240,8 @@ class BertModel:
         x += self.token_type_embeddings[0]  # (E,)
         norm = self.embedding_norm
         x = layer_norm_inplace(x, norm.gamma, norm.beta, norm.eps)  # (N, E)
-        if ids.size and all(fusable(layer) for layer in self.layers):
+        if self.fused and ids.size and all(fusable(layer) for layer in self.layers) and (
+                not any_attached(self)):
             hidden = fused_encoder_packed(self.layers, x, cu)  # (N, E)
             if np.isfinite(hidden).all():
                 return hidden

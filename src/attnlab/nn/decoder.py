@@ -45,6 +45,7 @@ from ..errors import (
 )
 from ..fast.kv_cache import KVCache, SlidingWindowKVCache
 from ..fast.sparse import sliding_window_mask
+from ..hooks import HookSite, any_attached
 from ..init import RngLike, as_rng, init_weight
 from .layers import EncoderBlock, FeedForward, LayerNorm
 from .multihead import MultiHeadAttention, linear, merge_heads
@@ -168,6 +169,9 @@ class DecoderBlock:
                 f"got window = {cache_window}"
             )
         block, mha = self.block, self.block.attn
+        if any_attached(block):
+            raise AttnlabError("caches: the cached path has no hook points; with hooks "
+                               "attached run the model without caches")
         normed = block.norm1(x)  # (B, T, E)
         q, k, v = mha.project(normed, normed)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, Dv)
         if mha.rope is not None:
@@ -224,6 +228,15 @@ class TinyDecoder:
     def dtype(self) -> np.dtype:
         return self.embedding.dtype
 
+    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """``hook_embed`` (B, T, E), every block's points under ``blocks.{l}`` (pre-LN
+        :class:`attnlab.EncoderBlock`), ``ln_final.hook_normalized``. Only the forward
+        without caches has them."""
+        return ["hook_embed", *((f"blocks.{i}", b.block) for i, b in enumerate(self.blocks)),
+                ("ln_final", self.norm_f)]
+
     def new_caches(self, batch: int = 1) -> list[Cache]:
         """One empty cache per layer: sliding-window if ``config.window`` is set."""
         cfg = self.config
@@ -259,6 +272,8 @@ class TinyDecoder:
                     f"got {shape_str(tokens.shape)}"
                 )
         x = self.embedding[tokens]  # (B, T, E)
+        if self.hook_site is not None:
+            x = self.hook_site("hook_embed", x)
         for i, block in enumerate(self.blocks):
             x = block(x, None if caches is None else caches[i])  # (B, T, E)
         return linear(self.norm_f(x), self.W_head, None)  # (B, T, V)

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
+from ..hooks import HookSite
 from ..init import as_rng, init_weight
 from ..special import gelu_erf
 from ..trace import Recorder
@@ -55,6 +56,12 @@ class LayerNorm:
         self.gamma = np.ones(d_model) if gamma is None else _vec(gamma, "gamma", d_model)
         self.beta = np.zeros(d_model) if beta is None else _vec(beta, "beta", d_model)
 
+    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """``hook_normalized`` (..., E): the output, after gamma and beta."""
+        return ["hook_normalized"]
+
     def __call__(self, x: Any) -> np.ndarray:
         x_arr = as_float_array(x, "x")
         if x_arr.ndim < 1 or x_arr.shape[-1] != self.d_model:
@@ -65,7 +72,8 @@ class LayerNorm:
         """The normalisation of a checked x (..., E) -> (..., E); no checks."""
         centred, std, _ = layer_norm_stats(x, self.eps)  # (..., E), (..., 1)
         normed = centred / std  # (..., E)
-        return (normed * self.gamma + self.beta).astype(x.dtype, copy=False)
+        out = (normed * self.gamma + self.beta).astype(x.dtype, copy=False)
+        return out if self.hook_site is None else self.hook_site("hook_normalized", out)
 
 
 def layer_norm_stats(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -203,6 +211,12 @@ class FeedForward:
         self.W1, self.b1 = init_weight(E, F, scheme, rng=rng), np.zeros(F)
         self.W2, self.b2 = init_weight(F, E, scheme, rng=rng), np.zeros(E)
 
+    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """``hook_pre`` (..., F) = x W1 + b1, ``hook_post`` (..., F) = act(hook_pre)."""
+        return ["hook_pre", "hook_post"]
+
     @classmethod
     def from_weights(
         cls, W1: Any, b1: Any, W2: Any, b2: Any, *, activation: str = "relu"
@@ -227,7 +241,12 @@ class FeedForward:
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """The feed-forward of a checked x (..., E) -> (..., E); no checks."""
-        hidden = _ACTIVATIONS[self.activation](linear(x, self.W1, self.b1))  # (..., F)
+        site = self.hook_site
+        if site is None:
+            hidden = _ACTIVATIONS[self.activation](linear(x, self.W1, self.b1))  # (..., F)
+            return linear(hidden, self.W2, self.b2)  # (..., E)
+        pre = site("hook_pre", linear(x, self.W1, self.b1))  # (..., F)
+        hidden = site("hook_post", _ACTIVATIONS[self.activation](pre))  # (..., F)
         return linear(hidden, self.W2, self.b2)  # (..., E)
 
 
@@ -267,6 +286,18 @@ class SelfAttentionLayer:
         self.norm1 = LayerNorm(d_model, eps)
         self.dropout = Dropout(dropout, seed=rng)
 
+    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """The named points of :meth:`forward` in order (see :mod:`attnlab.hooks`):
+        hook_resid_pre, ln1 (its hook_normalized), attn (its points), hook_attn_out,
+        hook_resid_post; all (B, T, E) but the attention's."""
+        if self.norm == "pre":
+            return ["hook_resid_pre", ("ln1", self.norm1), ("attn", self.attn),
+                    "hook_attn_out", "hook_resid_post"]
+        return ["hook_resid_pre", ("attn", self.attn), "hook_attn_out", ("ln1", self.norm1),
+                "hook_resid_post"]
+
     @property
     def training(self) -> bool:
         return self.dropout.training
@@ -301,11 +332,28 @@ class SelfAttentionLayer:
         *, recorder: Recorder | None = None,
     ) -> np.ndarray:
         """The sublayer on arguments checked by ``self.attn.check_call``; no checks."""
+        site = self.hook_site
+        if site is not None:
+            x = site("hook_resid_pre", x)  # (B, T, E)
+        h = self.attention_sublayer(x, allowed, bias, recorder=recorder)  # (B, T, E)
+        return h if site is None else site("hook_resid_post", h)
+
+    def attention_sublayer(
+        self, x: np.ndarray, allowed: np.ndarray | None = None, bias: np.ndarray | None = None,
+        *, recorder: Recorder | None = None,
+    ) -> np.ndarray:
+        """post: LN1(x + Drop(MHA(x)));  pre: x + Drop(MHA(LN1(x))). x (B, T, E) -> (B, T, E)."""
+        site = self.hook_site
         if self.norm == "post":
             attended = self.attn.forward(x, x, allowed, bias, recorder=recorder)[0]
+            if site is not None:
+                attended = site("hook_attn_out", attended)  # (B, T, E)
             return self.norm1.forward(x + self.dropout(attended))  # (B, T, E)
         h = self.norm1.forward(x)  # (B, T, E)
-        return x + self.dropout(self.attn.forward(h, h, allowed, bias, recorder=recorder)[0])
+        attended = self.attn.forward(h, h, allowed, bias, recorder=recorder)[0]
+        if site is not None:
+            attended = site("hook_attn_out", attended)  # (B, T, E)
+        return x + self.dropout(attended)  # (B, T, E)
 
 
 class EncoderBlock(SelfAttentionLayer):
@@ -368,10 +416,38 @@ class EncoderBlock(SelfAttentionLayer):
         Shapes: x (B, T, E) -> (B, T, E). ``__call__`` (inherited) checks x,
         mask, key_padding, bias and is_causal once and calls this.
         """
-        h = super().forward(x, allowed, bias, recorder=recorder)  # (B, T, E)
+        site = self.hook_site
+        if site is None:
+            h = self.attention_sublayer(x, allowed, bias, recorder=recorder)  # (B, T, E)
+            if self.norm == "post":
+                return self.norm2.forward(h + self.dropout(self.ffn.forward(h)))  # (B, T, E)
+            return h + self.dropout(self.ffn.forward(self.norm2.forward(h)))  # (B, T, E)
+        x = site("hook_resid_pre", x)  # (B, T, E)
+        h = site("hook_resid_mid", self.attention_sublayer(
+            x, allowed, bias, recorder=recorder))  # (B, T, E)
         if self.norm == "post":
-            return self.norm2.forward(h + self.dropout(self.ffn.forward(h)))  # (B, T, E)
-        return h + self.dropout(self.ffn.forward(self.norm2.forward(h)))  # (B, T, E)
+            mlp_out = site("hook_mlp_out", self.ffn.forward(h))  # (B, T, E)
+            out = self.norm2.forward(h + self.dropout(mlp_out))  # (B, T, E)
+        else:
+            mlp_out = site("hook_mlp_out", self.ffn.forward(self.norm2.forward(h)))  # (B, T, E)
+            out = h + self.dropout(mlp_out)  # (B, T, E)
+        return site("hook_resid_post", out)
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """The named points of :meth:`forward` in order (see :mod:`attnlab.hooks`).
+
+        post: hook_resid_pre, attn.*, hook_attn_out, ln1, hook_resid_mid (= LN1's
+        output: what the MLP reads and adds to), mlp.*, hook_mlp_out, ln2,
+        hook_resid_post; pre: hook_resid_pre, ln1, attn.*, hook_attn_out,
+        hook_resid_mid, ln2, mlp.*, hook_mlp_out, hook_resid_post.
+        """
+        if self.norm == "pre":
+            return ["hook_resid_pre", ("ln1", self.norm1), ("attn", self.attn), "hook_attn_out",
+                    "hook_resid_mid", ("ln2", self.norm2), ("mlp", self.ffn), "hook_mlp_out",
+                    "hook_resid_post"]
+        return ["hook_resid_pre", ("attn", self.attn), "hook_attn_out", ("ln1", self.norm1),
+                "hook_resid_mid", ("mlp", self.ffn), "hook_mlp_out", ("ln2", self.norm2),
+                "hook_resid_post"]
 
 
 def _vec(value: Any, name: str, size: int) -> np.ndarray:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -36,8 +36,17 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
+from ..hooks import HookSite
 from ..init import as_rng, init_weight
-from ..kernel import abs_max, attend, check_mask_and_bias, check_score_range, check_softcap
+from ..kernel import (
+    abs_max,
+    attend,
+    check_mask_and_bias,
+    check_score_range,
+    check_softcap,
+    scaled_scores,
+    softmax_rows,
+)
 from ..positional_relative import RotaryEmbedding, alibi_bias
 from ..trace import Recorder
 
@@ -103,6 +112,17 @@ class MultiHeadAttention:
     alibi: bool = False
     head_dim: int = field(init=False)
     value_head_dim: int = field(init=False)
+    #: Set by :func:`attnlab.hooks.attached` while hooks are attached (see hook_points).
+    hook_site: ClassVar[HookSite | None] = None
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """The named points of :meth:`forward`, in order (see :mod:`attnlab.hooks`):
+        hook_q (B, H, T, D), hook_k (B, Hkv, S, D), hook_v (B, Hkv, S, Dv), hook_rot_q,
+        hook_rot_k (with RoPE), hook_attn_scores and hook_pattern (B, H, T, S), hook_z
+        (B, H, T, Dv), hook_result (B, H, T, E_out, opt-in)."""
+        rotated = ["hook_rot_q", "hook_rot_k"] if self.rope is not None else []
+        return ["hook_q", "hook_k", "hook_v", *rotated, "hook_attn_scores", "hook_pattern",
+                "hook_z", "hook_result"]
 
     def __post_init__(self) -> None:
         H = check_positive_int(self.num_heads, "num_heads")
@@ -405,11 +425,16 @@ class MultiHeadAttention:
         allowed and bias broadcastable to (B, H, T, S) -> out (B, T, E_out), weights
         (B, H, T, S). No checks but the scores' overflow bound (O(T·D), read from q and k).
         """
+        site = self.hook_site  # None unless hooks are attached (attnlab.hooks)
         q, k, v = self.project(x, context, value)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
+        if site is not None:
+            q, k, v = site("hook_q", q), site("hook_k", k), site("hook_v", v)
         T, S = q.shape[-2], k.shape[-2]
         if self.rope is not None:
             q = self.rope(q, np.arange(S - T, S))  # (B, H, T, D)
             k = self.rope(k, np.arange(S))  # (B, Hkv, S, D)
+            if site is not None:
+                q, k = site("hook_rot_q", q), site("hook_rot_k", k)
         if self.alibi:
             slopes = alibi_bias(self.num_heads, T, S).astype(q.dtype)  # (H, T, S)
             bias = slopes if bias is None else slopes + bias  # (B, H, T, S)
@@ -421,9 +446,27 @@ class MultiHeadAttention:
             abs_max(q), abs_max(k), self.head_dim, scale, q.dtype,
             bias_max=float(np.max(bias)) if bias is not None and bias.size else 0.0,
         )
-        heads, weights = attend(q, k, v, allowed, bias, scale,
-                                softcap=softcap)  # (B, H, T, Dv), (B, H, T, S)
-        out = linear(merge_heads(heads), self.Wo, self.bo)  # (B, T, E_out)
+        if site is not None and (site.wants("hook_attn_scores") or site.wants("hook_pattern")):
+            # attend's steps one by one, so that the hooks see (and may replace) each.
+            scores = site("hook_attn_scores", scaled_scores(
+                q, k, allowed, bias, scale, softcap=softcap))  # (B, H, T, S)
+            weights = site("hook_pattern", softmax_rows(scores.copy()))  # (B, H, T, S)
+            heads = weights @ v  # (B, H, T, Dv)
+        else:
+            heads, weights = attend(q, k, v, allowed, bias, scale,
+                                    softcap=softcap)  # (B, H, T, Dv), (B, H, T, S)
+        if site is not None:
+            heads = site("hook_z", heads)  # (B, H, T, Dv)
+        if site is not None and site.wants("hook_result"):
+            H, Dv = heads.shape[-3], heads.shape[-1]
+            per_head_wo = self.Wo.reshape(H, Dv, self.Wo.shape[1])  # (H, Dv, E_out)
+            result = site("hook_result", np.einsum(
+                "...htd,hde->...hte", heads, per_head_wo))  # (B, H, T, E_out)
+            out = result.sum(axis=-3)  # (B, T, E_out)
+            if self.bo is not None:
+                out = out + self.bo
+        else:
+            out = linear(merge_heads(heads), self.Wo, self.bo)  # (B, T, E_out)
         if recorder is not None:
             self._record(recorder, x, q, k, v, weights, heads, out)
         return out, weights

@@ -338,6 +338,45 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
             "next_token": ("Next token", "mean weight of query i on key i+1"),
             "self_token": ("Self", "mean weight of query i on key i"),
         },
+        "neuron_view": "Neuron view",
+        "neuron_hint": "One query and one key of this head: q, k and their product in each "
+                       "dimension. The sum × scale is the score (logit) that softmax turns "
+                       "into the weight. Click a heatmap cell to choose the pair.",
+        "neuron_query": "query", "neuron_key": "key",
+        "neuron_dims": "dimension", "neuron_q": "q", "neuron_k": "k", "neuron_qk": "q·k",
+        "neuron_sum": "q·k = {dot}; × scale {scale} = logit {logit}; softmax over the row "
+                      "→ weight {weight}",
+        "neuron_missing": "q and k of this layer are not in the page (too large): open the "
+                          "page on this layer to see them.",
+        "export_png": "Save PNG",
+        "step": "Generation step",
+        "step_label": "step {n} of {N}: the KV cache holds {k} keys",
+        "prompt": "prompt",
+        "generated": "generated",
+        "not_allowed": "not allowed (masked: this query may not see this key)",
+        "not_yet": "not generated yet at this step",
+        "measure": "Show",
+        "measure_weights": "weights α",
+        "measure_norms": "norms ‖α·v·W_O‖",
+        "norms_note": "Attention weights are not explanations (Jain & Wallace 2019; "
+                      "Wiegreffe & Pinter 2019 show when they can be): a large weight on a "
+                      "token whose value vector is small moves little. The norms view "
+                      "shows ‖α_ij · v_j · W_O‖, what each key really adds to the output "
+                      "(Kobayashi et al. 2020); the lens's ablation shows what the model "
+                      "needs.",
+        "segments": "Sentences",
+        "segment_options": {"all": "all", "AA": "A → A", "AB": "A → B", "BA": "B → A",
+                            "BB": "B → B"},
+        "overlay_heads": "Heads overlaid",
+        "kv_group": "KV head {n}",
+        "sink_title": "Attention sinks",
+        "sink_mark": "sink: {share} of the weight on average",
+        "sink_note": "Marked columns (▼) take much of every row's weight. Softmax makes each "
+                     "row sum to 1, so a head with nothing useful to read must still put its "
+                     "weight somewhere; models learn to park it on the first token(s), which "
+                     "every query can see (attention sinks, Xiao et al. 2023). Such weight "
+                     "often moves little: compare with the norms view.",
+        "scale_low": "0", "scale_high": "max {v}",
         "flag_text": {name: text["en"] for name, text in FLAG_TEXT.items()},
         "legend": (
             f"near uniform: entropy > {NEAR_UNIFORM_ENTROPY}; over-sparse: max weight > "
@@ -394,6 +433,41 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
             "next_token": ("后一个词元", "查询 i 对键 i+1 的平均权重"),
             "self_token": ("自身", "查询 i 对键 i 的平均权重"),
         },
+        "neuron_view": "神经元视图",
+        "neuron_hint": "当前头的一个查询和一个键：q、k 以及它们在每个维度上的乘积。"
+                       "乘积之和 × 缩放系数就是分数（logit），softmax 把它变成权重。"
+                       "点击热力图中的格子来选择这一对。",
+        "neuron_query": "查询", "neuron_key": "键",
+        "neuron_dims": "维度", "neuron_q": "q", "neuron_k": "k", "neuron_qk": "q·k",
+        "neuron_sum": "q·k = {dot}；× 缩放 {scale} = 分数 {logit}；对整行做 softmax "
+                      "→ 权重 {weight}",
+        "neuron_missing": "页面里没有这一层的 q 和 k（数据太大）：以这一层打开页面才能看到。",
+        "export_png": "保存 PNG",
+        "step": "生成步骤",
+        "step_label": "第 {n} 步（共 {N} 步）：KV 缓存中有 {k} 个键",
+        "prompt": "提示词",
+        "generated": "生成的",
+        "not_allowed": "不允许（被掩码：这个查询看不到这个键）",
+        "not_yet": "这一步还没有生成",
+        "measure": "显示",
+        "measure_weights": "权重 α",
+        "measure_norms": "范数 ‖α·v·W_O‖",
+        "norms_note": "注意力权重并不等于解释（Jain 与 Wallace 2019；Wiegreffe 与 Pinter "
+                      "2019 说明了它在什么情况下可以算作解释）：权重很大、但值向量很小的词元，"
+                      "传递的信息很少。范数视图显示 ‖α_ij · v_j · W_O‖，即每个键对输出的真实"
+                      "贡献（Kobayashi 等 2020）；透镜（lens）中的消融则显示模型真正依赖什么。",
+        "segments": "句子",
+        "segment_options": {"all": "全部", "AA": "A → A", "AB": "A → B", "BA": "B → A",
+                            "BB": "B → B"},
+        "overlay_heads": "叠加显示的头",
+        "kv_group": "第 {n} 个 KV 头",
+        "sink_title": "注意力汇聚（sink）",
+        "sink_mark": "汇聚点：平均占 {share} 的权重",
+        "sink_note": "带 ▼ 标记的列占了每一行的大部分权重。softmax 让每行之和为 1，"
+                     "所以一个没有有用信息可读的头也必须把权重放在某处；模型学会把它放在"
+                     "每个查询都能看到的第一个（或前几个）词元上（注意力汇聚，Xiao 等 2023）。"
+                     "这些权重往往传递很少的信息：可与范数视图对比。",
+        "scale_low": "0", "scale_high": "最大 {v}",
         "flag_text": {name: text["zh"] for name, text in FLAG_TEXT.items()},
         "legend": (
             f"近似均匀：熵 > {NEAR_UNIFORM_ENTROPY}；过度稀疏：最大权重 > {OVER_SPARSE_MAX_WEIGHT} "

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import AttnlabError, ShapeError, check_positive_int, shape_str
+from ..hooks import HookSite
 from ..nn import layers as np_layers
 from . import debug
 from .checks import check_module_dtype, check_positive_float, check_probability, module_input
@@ -48,7 +49,18 @@ class LayerNorm(nn.LayerNorm):
         eps = check_positive_float(eps, "eps")
         super().__init__(d_model, eps=eps, device=device, dtype=check_module_dtype(dtype))
 
+    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """``hook_normalized`` (..., E): the output, after weight and bias."""
+        return ["hook_normalized"]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., E) -> (..., E)
+        out = self.normalize(x)
+        return out if self.hook_site is None else self.hook_site("hook_normalized", out)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:  # (..., E) -> (..., E)
+        """The checked normalisation, without the hook point."""
         x = module_input(x, "x", self.weight)
         E = self.normalized_shape[0]
         if x.ndim < 1 or x.shape[-1] != E:
@@ -155,6 +167,16 @@ class SelfAttentionLayer(nn.Module):
         self.norm1 = LayerNorm(d_model, eps, device=device, dtype=dtype)
         self.dropout = nn.Dropout(p)
 
+    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """The NumPy twin's names, in the same order (see :mod:`attnlab.hooks`)."""
+        if self.norm == "pre":
+            return ["hook_resid_pre", ("ln1", self.norm1), ("attn", self.self_attn),
+                    "hook_attn_out", "hook_resid_post"]
+        return ["hook_resid_pre", ("attn", self.self_attn), "hook_attn_out",
+                ("ln1", self.norm1), "hook_resid_post"]
+
     def forward(
         self,
         x: torch.Tensor,
@@ -167,14 +189,21 @@ class SelfAttentionLayer(nn.Module):
         c = self.self_attn.check_inputs(x, x, x, mask, key_padding, bias, is_causal,
                                         names=("x",) * 3)
 
+        site = self.hook_site
+
         def attend_to(h: torch.Tensor) -> torch.Tensor:
-            return self.self_attn.forward_checked(
+            out = self.self_attn.forward_checked(
                 MultiHeadInputs(h, h, h, c.allowed, c.bias, c.is_causal)
             )[0]
+            return out if site is None else site("hook_attn_out", out)  # (B, T, E)
 
+        if site is not None:
+            x = site("hook_resid_pre", x)
         if self.norm == "pre":
-            return x + self.dropout(attend_to(self.norm1(x)))  # (B, T, E)
-        return self.norm1(x + self.dropout(attend_to(x)))  # (B, T, E)
+            out = x + self.dropout(attend_to(self.norm1(x)))  # (B, T, E)
+        else:
+            out = self.norm1(x + self.dropout(attend_to(x)))  # (B, T, E)
+        return out if site is None else site("hook_resid_post", out)
 
     @classmethod
     def from_numpy(

@@ -34,6 +34,7 @@ from ..errors import (
     check_flag,
     check_positive_int,
 )
+from ..hooks import HookSite
 from ..kernel import check_softcap
 from ..nn import multihead as np_multihead
 from ..shapes import check_key_padding_shape, check_module_inputs, check_score_elements
@@ -46,7 +47,7 @@ from .checks import (
     check_same_device,
     module_input,
 )
-from .kernel import PLAIN_PATH_HINT, attend, causal_allowed
+from .kernel import PLAIN_PATH_HINT, attend, causal_allowed, scaled_scores, stable_softmax
 from .params import to_array, to_optional_array, to_param, torch_dtype
 from .positional import alibi_values, rotate
 
@@ -122,7 +123,21 @@ class MultiHeadAttention(nn.Module):
     >>> out, weights = mha(x, x, x, return_weights=True)
     >>> weights.shape
     torch.Size([1, 2, 3, 3])
+
+    Hook points (:mod:`attnlab.hooks`), the NumPy twin's: hook_q, hook_k, hook_v,
+    hook_rot_q, hook_rot_k (with RoPE), hook_attn_scores, hook_pattern (these two
+    make the call take the plain path instead of the fused kernel), hook_z,
+    hook_result (opt-in). hook_k and hook_v are taken before ``add_bias_kv`` and
+    ``add_zero_attn`` append their keys.
     """
+
+    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """The named points of :meth:`forward_checked`, in order (as the NumPy twin's)."""
+        rotated = ["hook_rot_q", "hook_rot_k"] if self.rope else []
+        return ["hook_q", "hook_k", "hook_v", *rotated, "hook_attn_scores", "hook_pattern",
+                "hook_z", "hook_result"]
 
     def __init__(
         self,
@@ -375,12 +390,17 @@ class MultiHeadAttention(nn.Module):
         q = self.q_proj(c.query).view(*lead, T, H, D).transpose(-3, -2)  # (B, H, T, D)
         k = self.k_proj(c.key).view(*lead, S, Hkv, D).transpose(-3, -2)  # (B, Hkv, S, D)
         v = self.v_proj(c.value).view(*lead, S, Hkv, Dv).transpose(-3, -2)  # (B, Hkv, S, Dv)
+        site = self.hook_site  # None unless hooks are attached (attnlab.hooks)
+        if site is not None:
+            q, k, v = site("hook_q", q), site("hook_k", k), site("hook_v", v)
         if self.rope:
             key_pos = torch.arange(S, device=q.device)  # (S,)
             q = rotate(q, key_pos[S - T:], base=self.rope_base,
                        interleaved=self.rope_interleaved)  # (B, H, T, D)
             k = rotate(k, key_pos, base=self.rope_base,
                        interleaved=self.rope_interleaved)  # (B, Hkv, S, D)
+            if site is not None:
+                q, k = site("hook_rot_q", q), site("hook_rot_k", k)
         bias, allowed, is_causal = c.bias, c.allowed, c.is_causal
         if self.alibi:
             slopes_bias = alibi_values(H, T, S, dtype=q.dtype, device=q.device)  # (H, T, S)
@@ -411,14 +431,35 @@ class MultiHeadAttention(nn.Module):
         scale = 1.0 / math.sqrt(D)
         if debug.debug_checks_enabled():
             debug.check_tensor_score_range(q, k, bias, scale)
-        result = attend(
-            q, k, v, allowed, bias, scale,
-            is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            return_weights=return_weights,
-            softcap=softcap,
-        )  # (B, H, T, Dv) [, (B, H, T, S)]
-        heads, weights = result if isinstance(result, tuple) else (result, None)
+        dropout_p = self.dropout if self.training else 0.0
+        if site is not None and (site.wants("hook_attn_scores") or site.wants("hook_pattern")):
+            # attend's plain steps one by one, so that the hooks see (and may replace) each.
+            scores = site("hook_attn_scores", scaled_scores(
+                q, k, allowed, bias, scale, is_causal=is_causal,
+                softcap=softcap))  # (B, H, T, S)
+            weights = site("hook_pattern", stable_softmax(scores, dim=-1))  # (B, H, T, S)
+            dropped = F.dropout(weights, p=dropout_p, training=True) if dropout_p else weights
+            heads = dropped @ v  # (B, H, T, Dv)
+            weights = weights if return_weights else None
+        else:
+            result = attend(
+                q, k, v, allowed, bias, scale,
+                is_causal=is_causal,
+                dropout_p=dropout_p,
+                return_weights=return_weights,
+                softcap=softcap,
+            )  # (B, H, T, Dv) [, (B, H, T, S)]
+            heads, weights = result if isinstance(result, tuple) else (result, None)
+        if site is not None:
+            heads = site("hook_z", heads)  # (B, H, T, Dv)
+            if site.wants("hook_result"):
+                per_head_wo = self.out_proj.weight.t().reshape(H, Dv, -1)  # (H, Dv, E_out)
+                result_heads = site("hook_result", torch.einsum(
+                    "...htd,hde->...hte", heads, per_head_wo))  # (B, H, T, E_out)
+                out = result_heads.sum(dim=-3)  # (B, T, E_out)
+                if self.out_proj.bias is not None:
+                    out = out + self.out_proj.bias
+                return out, weights
         merged = heads.transpose(-3, -2).reshape(*lead, T, H * Dv)  # (B, T, H*Dv)
         out = self.out_proj(merged)  # (B, T, E_out)
         return out, weights

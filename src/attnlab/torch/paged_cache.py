@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import AttnlabError, check_alloc, check_flag, check_positive_int, check_scale
-from ..fast.paged_cache import BlockAllocator, check_sequence_ids, paged_allowed
+from ..fast.paged_cache import BlockAllocator, check_sequence_ids, owned_slots, paged_allowed
 from ..shapes import check_cache_query_shape, check_kv_shapes
 from . import debug
 from .checks import as_float_tensor
@@ -229,7 +229,9 @@ class PagedKVCache:
     def _gather(self, lengths: Sequence[int] | np.ndarray, ids: list[int], pool: torch.Tensor,
                 S: int | None = None) -> torch.Tensor:
         """The first ``lengths[b]`` positions of each sequence from ``pool`` (N, Hkv, P, ·)
-        -> (B, Hkv, S, ·); slots past a sequence's length are masked by the caller."""
+        -> (B, Hkv, S, ·); slots past a sequence's length (padding with block 0, the
+        rest of a reused block) are exact zeros: a NaN another sequence wrote there
+        would survive the caller's mask (0 × NaN), so it is never read."""
         P = self.block_size
         S = int(max(lengths, default=0)) if S is None else S
         n_blocks = math.ceil(S / P)
@@ -240,7 +242,9 @@ class PagedKVCache:
         gathered = pool[tables.to(self.device)]  # (B, n, Hkv, P, ·)
         B, _, Hkv, _, width = gathered.shape
         gathered = gathered.transpose(1, 2).reshape(B, Hkv, n_blocks * P, width)
-        return gathered[:, :, :S]  # (B, Hkv, S, ·)
+        owned = torch.from_numpy(owned_slots(np.asarray(lengths), S)).to(
+            self.device)[:, None, :, None]  # (B, 1, S, 1)
+        return torch.where(owned, gathered[:, :, :S], 0.0)  # (B, Hkv, S, ·)
 
     def __repr__(self) -> str:
         return (

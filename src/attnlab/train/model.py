@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..errors import AttnlabError, check_flag, check_positive_int
+from ..hooks import HookSite
 from ..torch import LayerNorm, MultiHeadAttention, PositionalEncoding
 
 __all__ = ["POSITIONS", "ModelConfig", "Decoder", "Block", "AblationMode"]
@@ -134,27 +135,55 @@ class Block(nn.Module):
             heads[..., head, :] = 0.0 if value is None else value
         return (heads.reshape(merged.shape),)
 
+    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """The names of attnlab's blocks (see :mod:`attnlab.hooks`), in forward order; an
+        attention-only block has no resid_mid, ln2 or mlp points."""
+        mlp: list[str | tuple[str, Any]] = []
+        if self.ffn is not None and self.norm2 is not None:
+            mlp = ["hook_resid_mid", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out"]
+            mlp = ([mlp[0], ("ln2", self.norm2), *mlp[1:]] if self.norm_placement == "pre"
+                   else [*mlp, ("ln2", self.norm2)])
+        if self.norm_placement == "pre":
+            return ["hook_resid_pre", ("ln1", self.norm1), ("attn", self.attn), "hook_attn_out",
+                    *mlp, "hook_resid_post"]
+        return ["hook_resid_pre", ("attn", self.attn), "hook_attn_out", ("ln1", self.norm1),
+                *mlp, "hook_resid_post"]
+
     def forward(
         self, x: torch.Tensor, return_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (B, T, E) -> (B, T, E), (B, H, T, T)
         weights = None
+        site = self.hook_site
+
+        def point(name: str, value: torch.Tensor) -> torch.Tensor:
+            return value if site is None else site(name, value)
 
         def attend(h: torch.Tensor) -> torch.Tensor:
             nonlocal weights
             out, kept = self.attn(h, h, h, is_causal=True, return_weights=return_weights)
             if return_weights:
                 weights = kept  # (B, H, T, T)
-            return cast(torch.Tensor, out)
+            return point("hook_attn_out", cast(torch.Tensor, out))
 
+        def mlp(h: torch.Tensor, ffn: nn.Sequential) -> torch.Tensor:
+            pre = point("mlp.hook_pre", ffn[0](h))  # (B, T, F)
+            post = point("mlp.hook_post", ffn[1](pre))  # (B, T, F)
+            return point("hook_mlp_out", ffn[2](post))  # (B, T, E)
+
+        x = point("hook_resid_pre", x)
         if self.norm_placement == "pre":
             x = x + attend(self.norm1(x))  # (B, T, E)
             if self.ffn is not None and self.norm2 is not None:
-                x = x + self.ffn(self.norm2(x))
+                x = point("hook_resid_mid", x)
+                x = x + mlp(self.norm2(x), self.ffn)
         else:
             x = self.norm1(x + attend(x))  # (B, T, E)
             if self.ffn is not None and self.norm2 is not None:
-                x = self.norm2(x + self.ffn(x))
-        return x, weights
+                x = point("hook_resid_mid", x)
+                x = self.norm2(x + mlp(x, self.ffn))
+        return point("hook_resid_post", x), weights
 
 
 class Decoder(nn.Module):
@@ -189,6 +218,19 @@ class Decoder(nn.Module):
         nn.init.normal_(self.unembed.weight, std=0.02, generator=generator)
         nn.init.zeros_(self.unembed.bias)
 
+    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """``hook_embed``, ``hook_pos_embed`` (learned or sinusoidal positions), every
+        block's points under ``blocks.{l}``, ``ln_final.hook_normalized`` (pre-LN)."""
+        names: list[str | tuple[str, Any]] = ["hook_embed"]
+        if self.position is not None:
+            names.append("hook_pos_embed")
+        names += [(f"blocks.{i}", block) for i, block in enumerate(self.layers)]
+        if self.final_norm is not None:
+            names.append(("ln_final", self.final_norm))
+        return names
+
     def forward(
         self, ids: torch.Tensor, return_weights: bool = False
     ) -> Any:  # (B, T) -> (B, T, V) [, (B, L, H, T, T)]
@@ -200,7 +242,14 @@ class Decoder(nn.Module):
         if T > self.config.max_len:
             raise AttnlabError(f"ids: expected T <= max_len = {self.config.max_len}, got {T}")
         x = self.embed(ids)  # (B, T, E)
-        if isinstance(self.position, nn.Embedding):
+        site = self.hook_site
+        if site is not None:
+            x = site("hook_embed", x)
+            if self.position is not None:
+                table = (self.position.weight[:T] if isinstance(self.position, nn.Embedding)
+                         else self.position(torch.zeros_like(x)))  # (T, E) or (B, T, E)
+                x = x + site("hook_pos_embed", table.expand_as(x))  # (B, T, E)
+        elif isinstance(self.position, nn.Embedding):
             x = x + self.position.weight[:T]  # (B, T, E)
         elif self.position is not None:
             x = self.position(x)  # (B, T, E)

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ...errors import AttnlabError, ShapeError, shape_str
+from ...hooks import HookSite
 from ...models import bert as np_bert
 from ...models import loading as np_loading
 from ...models.config import ACTIVATION, BertConfig
@@ -56,11 +57,30 @@ class BertLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.return_weights = False
 
+    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """The NumPy :class:`attnlab.EncoderBlock`'s names (post-LN), in the same order."""
+        return ["hook_resid_pre", ("attn", self.self_attn), "hook_attn_out", ("ln1", self.norm1),
+                "hook_resid_mid", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out",
+                ("ln2", self.norm2), "hook_resid_post"]
+
     def forward(self, x: torch.Tensor, key_padding: torch.Tensor | None = None) -> torch.Tensor:
+        site = self.hook_site
+        if site is None:
+            attended, _ = self.self_attn(x, x, x, key_padding=key_padding,
+                                         return_weights=self.return_weights)  # (B, T, E)
+            h = self.norm1(x + self.dropout(attended))  # (B, T, E)
+            return self.norm2(h + self.dropout(self.ffn(h)))  # (B, T, E)
+        x = site("hook_resid_pre", x)  # (B, T, E)
         attended, _ = self.self_attn(x, x, x, key_padding=key_padding,
                                      return_weights=self.return_weights)  # (B, T, E)
-        h = self.norm1(x + self.dropout(attended))  # (B, T, E)
-        return self.norm2(h + self.dropout(self.ffn(h)))  # (B, T, E)
+        attended = site("hook_attn_out", attended)
+        h = site("hook_resid_mid", self.norm1(x + self.dropout(attended)))  # (B, T, E)
+        pre = site("mlp.hook_pre", self.ffn[0](h))  # (B, T, F)
+        post = site("mlp.hook_post", self.ffn[1](pre))  # (B, T, F)
+        mlp_out = site("hook_mlp_out", self.ffn[2](post))  # (B, T, E)
+        return site("hook_resid_post", self.norm2(h + self.dropout(mlp_out)))  # (B, T, E)
 
 
 class BertModel(nn.Module):
@@ -71,7 +91,17 @@ class BertModel(nn.Module):
     Shapes: ``forward(input_ids (B, T), attention_mask (B, T) of 0/1)`` -> hidden
     (B, T, E); ``encode(texts)`` -> (n, E) sentence embeddings (differentiable unless
     called under ``torch.no_grad()``).
+
+    Hook points (:mod:`attnlab.hooks`): the NumPy twin's, ``hook_embed``,
+    ``hook_pos_embed``, ``hook_token_type_embed`` (B, T, E), then ``blocks.{l}.*``.
     """
+
+    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
+
+    def hook_points(self) -> list[str | tuple[str, Any]]:
+        """The embeddings' points, then every block's under ``blocks.{l}``."""
+        return ["hook_embed", "hook_pos_embed", "hook_token_type_embed",
+                *((f"blocks.{i}", layer) for i, layer in enumerate(self.layers))]
 
     def __init__(self, config: BertConfig, tokenizer: Any, *, max_length: int,
                  dropout: float = 0.1, name: str = "bert", device: Any = None,
@@ -182,8 +212,15 @@ class BertModel(nn.Module):
         positions = torch.arange(T, device=input_ids.device)  # (T,)
         types = (torch.zeros_like(input_ids) if token_type_ids is None
                  else token_type_ids)  # (B, T)
-        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
-             + self.token_type_embeddings(types))  # (B, T, E)
+        site = self.hook_site
+        if site is None:
+            x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
+                 + self.token_type_embeddings(types))  # (B, T, E)
+        else:
+            words = site("hook_embed", self.word_embeddings(input_ids))  # (B, T, E)
+            where = site("hook_pos_embed", self.position_embeddings(positions).expand_as(words))
+            kinds = site("hook_token_type_embed", self.token_type_embeddings(types))  # (B, T, E)
+            x = words + where + kinds  # (B, T, E)
         x = self.embedding_dropout(self.embedding_norm(x))  # (B, T, E)
         for layer in self.layers:
             x = layer(x, key_padding)  # (B, T, E)
