@@ -461,11 +461,12 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
                             "BB": "B → B"},
         "overlay_heads": "叠加显示的头",
         "kv_group": "第 {n} 个 KV 头",
-        "sink_title": "注意力汇聚（sink）",
-        "sink_mark": "汇聚点：平均占 {share} 的权重",
+        "sink_title": "注意力停靠点（sink）",
+        "sink_mark": "停靠点：平均占 {share} 的权重",
         "sink_note": "带 ▼ 标记的列占了每一行的大部分权重。softmax 让每行之和为 1，"
                      "所以一个没有有用信息可读的头也必须把权重放在某处；模型学会把它放在"
-                     "每个查询都能看到的第一个（或前几个）词元上（注意力汇聚，Xiao 等 2023）。"
+                     "每个查询都能看到的第一个（或前几个）词元上（attention sink，Xiao 等 2023；"
+                     "《动手学深度学习》的“注意力汇聚”指的是加权求和，不是它）。"
                      "这些权重往往传递很少的信息：可与范数视图对比。",
         "scale_low": "0", "scale_high": "最大 {v}",
         "flag_text": {name: text["zh"] for name, text in FLAG_TEXT.items()},
