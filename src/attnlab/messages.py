@@ -74,7 +74,7 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "check.folder_blocked": ("{name}: cannot create the folder {path}: {blocking} is a file", "{name}：无法创建文件夹 {path}：{blocking} 是一个文件"),
     "check.folder_failed": ("{name}: cannot create the folder {path} ({detail})", "{name}：无法创建文件夹 {path}（{detail}）"),
     "check.bool_mask": ("{name}: expected a bool array (True = may attend), got dtype {dtype}. For a 0/1 mask use attnlab.masks.from_keep(m) (1 = may attend) or attnlab.masks.from_blocked(m) (1 = blocked, as in seed 000); additive values belong in bias=",
-                        "{name}：需要 bool 数组（True = 可以关注），实际为 {dtype} 类型。0/1 掩码请用 attnlab.masks.from_keep(m)（1 = 可以关注）或 attnlab.masks.from_blocked(m)（1 = 屏蔽，同种子文章 000）；加性的值请传给 bias="),
+                        "{name}：需要 bool 数组（True = 可以关注），实际为 {dtype} 类型。0/1 掩码请用 attnlab.masks.from_keep(m)（1 = 可以关注）或 attnlab.masks.from_blocked(m)（1 = 屏蔽，同原文 000）；加性的值请传给 bias="),
     "check.missing_extra": ("{feature} needs the '{module}' package, which is not installed. Install it with: pip install 'attnlab[{extra}]'",
                             "{feature}需要 '{module}' 包，但它没有安装。请用 pip install 'attnlab[{extra}]' 安装"),
     "check.rng_type": ("rng: expected a numpy.random.Generator, an int seed >= 0 or None, got {type} {got}",
@@ -89,7 +89,7 @@ MESSAGES: dict[str, tuple[str, str]] = {
     # ---- explain
     "explain.rope_d_k": ("d_k: pos='rope' rotates pairs of features, expected an even d_k, got {got}", "d_k：pos='rope' 成对旋转特征，需要偶数的 d_k，实际得到 {got}"),
     "explain.seed001_heads": ("num_heads: split='seed001' divides E = {E} into {H} heads (seed 001's assert d_model % h == 0), got a remainder {remainder}",
-                              "num_heads：split='seed001' 把 E = {E} 平分给 {H} 个头（种子文章 001 的 assert d_model % h == 0），余数为 {remainder}"),
+                              "num_heads：split='seed001' 把 E = {E} 平分给 {H} 个头（原文 001 的 assert d_model % h == 0），余数为 {remainder}"),
     "explain.seed001_d_k": ("d_k: split='seed001' uses d_k = E / H = {d_k}, got {got}", "d_k：split='seed001' 使用 d_k = E / H = {d_k}，实际得到 {got}"),
     "explain.x_empty": ("X: expected at least one token and one feature, got {shape}", "X：至少需要一个词元和一个特征，实际形状为 {shape}"),
     # ---- the distributed layouts
