@@ -33,7 +33,7 @@ TUTORIAL = ROOT / "docs" / "tutorial"
 LANGS = ("en", "zh")
 CLI_MARKER = "<!-- attnlab-cli-help -->"
 LESSONS_MARKER = "<!-- attnlab-tutorial-lessons -->"
-TUTORIAL_TITLE = {"en": "Tutorial notebooks", "zh": "教程 notebook"}
+SOLUTIONS_TITLE = {"en": "Solutions", "zh": "参考答案"}
 REMOTE = re.compile(
     r"<script\b[^>]*\bsrc=[\"']?(?:https?:)?//[^>]*>\s*</script>"
     r"|<link\b[^>]*\bhref=[\"']?(?:https?:)?//[^>]*>"
@@ -48,6 +48,10 @@ def _language(config) -> str:
 
 def _notebooks(lang: str) -> list[Path]:
     return sorted((TUTORIAL / lang).glob("*.ipynb"))
+
+
+def _solutions(lang: str) -> list[Path]:
+    return sorted((TUTORIAL / lang / "solutions").glob("*.ipynb"))
 
 
 def _notebook_title(path: Path) -> str:
@@ -70,8 +74,12 @@ def on_config(config, **kwargs):
         _NAV.append(copy.deepcopy(config.nav))
     config.nav = copy.deepcopy(_NAV[0])
     lang = _language(config)
-    entries = [{_notebook_title(p): p.relative_to(TUTORIAL.parent).as_posix()}
-               for p in _notebooks(lang)]
+    entries: list = [{_notebook_title(p): p.relative_to(TUTORIAL.parent).as_posix()}
+                     for p in _notebooks(lang)]
+    solutions = [{_notebook_title(p): p.relative_to(TUTORIAL.parent).as_posix()}
+                 for p in _solutions(lang)]
+    if solutions:
+        entries.append({SOLUTIONS_TITLE[lang]: solutions})
 
     def fill(items):
         for item in items or []:
@@ -88,14 +96,15 @@ def on_config(config, **kwargs):
 
 @event_priority(-200)
 def on_files(files, config, **kwargs):
-    """Drop the other language's notebooks from this language's site, and make this
-    language's notebooks pages again: the i18n plugin (at priority -100) turns
-    mkdocs-jupyter's notebook pages back into plain files it would copy as they are."""
+    """Drop the other language's notebooks (lessons and solutions) from this language's
+    site, and make this language's notebooks pages again: the i18n plugin (at priority
+    -100) turns mkdocs-jupyter's notebook pages back into plain files it would copy."""
     lang = _language(config)
-    for file in list(files):
+    for file in list(files):  # tutorial/<lang>/*.ipynb and tutorial/<lang>/solutions/*.ipynb
         parts = Path(file.src_uri).parts
-        if (len(parts) == 3 and parts[0] == "tutorial" and parts[1] in LANGS
-                and parts[2].endswith(".ipynb")):
+        notebook = parts[-1].endswith(".ipynb") and (
+            len(parts) == 3 or (len(parts) == 4 and parts[2] == "solutions"))
+        if notebook and parts[0] == "tutorial" and parts[1] in LANGS:
             files.remove(file)
             if parts[1] == lang:
                 files.append(_JUPYTER_FILE(file, **config))
@@ -119,7 +128,7 @@ def on_post_build(config, **kwargs):
     from mkdocs_jupyter import plugin as jupyter
 
     for lang in LANGS:
-        for path in _notebooks(lang):
+        for path in [*_notebooks(lang), *_solutions(lang)]:
             key = jupyter._compute_cache_key(str(path), plugin.config, plugin.config["execute"])
             plugin._used_cache_paths.add(jupyter._get_cache_path(plugin.config["cache_dir"], key))
 
@@ -149,10 +158,14 @@ def _cli_help(lang: str) -> str:
 
 
 def _lessons(lang: str, page_src: str) -> str:
-    depth = len(Path(page_src).parts) - 1
-    prefix = "../" * depth
-    return "\n".join(f"{i}. [{_notebook_title(p)}]({prefix}tutorial/{lang}/{p.name})"
-                     for i, p in enumerate(_notebooks(lang), start=1))
+    prefix = "../" * (len(Path(page_src).parts) - 1)
+    lines = [f"{i}. [{_notebook_title(p)}]({prefix}tutorial/{lang}/{p.name})"
+             for i, p in enumerate(_notebooks(lang), start=1)]
+    solutions = [f"[{_notebook_title(p)}]({prefix}tutorial/{lang}/solutions/{p.name})"
+                 for p in _solutions(lang)]
+    if solutions:
+        lines += ["", f"{SOLUTIONS_TITLE[lang]}: " + " · ".join(solutions)]
+    return "\n".join(lines)
 
 
 ZH_SCHEME = "attnlab-zh:"
