@@ -166,3 +166,18 @@ def test_bad_settings_are_named():
     with pytest.raises(AttnlabError, match="reference"):
         with model.ablate([(0, 0)], "mean"):
             pass
+
+
+def test_ablated_heads_must_be_pairs_of_ints():
+    # evaluate(ablate=[(0,)]) ended in Python's "not enough values to unpack"; (True,
+    # False) was taken as head (1, 0) and 1.7 truncated.
+    model = Decoder(ModelConfig(7, 6, **TINY), seed=0)
+    task = make_task("sort", length=3, digits=7, heldout=20)
+    for bad in ([(0,)], [(True, False)], [(0, 1.7)], [0]):
+        with pytest.raises(AttnlabError, match=r"^ablate: expected \(layer, head\) pairs of "
+                                               r"ints, got "):
+            evaluate(model, task, ablate=bad)
+    with pytest.raises(AttnlabError, match=r"^heads: expected \(layer, head\) pairs of ints"):
+        with model.ablate([(0,)]):
+            pass
+    assert math.isfinite(evaluate(model, task, ablate=[(np.int64(1), 0)]).loss)
