@@ -519,6 +519,16 @@ def test_merging_under_a_fill_over_a_whole_row_is_right_or_refused(dtype, fill):
     np.testing.assert_allclose(out, plain, rtol=0, atol=tol)
 
 
+def test_return_lse_is_a_flag():
+    # return_lse="no" was accepted (truthy: out and lse came back); every other
+    # flag of the call is checked.
+    q = np.ones((2, 4))
+    for bad in ("no", 1, None):
+        with pytest.raises(AttnlabError, match=r"return_lse: expected True or False, got"):
+            flash_attention(q, q, q, return_lse=bad)
+    assert isinstance(flash_attention(q, q, q, return_lse=np.bool_(False)), np.ndarray)
+
+
 def test_merge_partials_checks_shapes():
     with pytest.raises(ShapeError, match=r"out2: expected the shape of out1 .* = \(3, 2\)"):
         merge_partials(np.zeros((3, 2)), np.zeros(3), np.zeros((3, 4)), np.zeros(3))

@@ -23,7 +23,7 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("", "--help"): "显示帮助并退出",
     # explain
     ("explain", ""): "打印自注意力的每一步（X → Q、K、V → QKᵀ → 缩放 → softmax → ·V）",
-    ("explain", "description"): "一步一步地计算自注意力。不加任何选项时：使用种子文章 000 的例子 "
+    ("explain", "description"): "一步一步地计算自注意力。不加任何选项时：使用原文 000 的例子 "
                                 "X = [[1,0,1,0],[0,2,0,2],[1,1,1,1]]，d_k = 3，权重由 --seed 随机生成。",
     ("explain", "--tokens"): "词元标签，用空格分隔，例如 \"小明 去了 学校\"；不给 --x 时，每个词元得到一个固定的玩具嵌入向量",
     ("explain", "--x"): "输入 X（T×E）：直接写 '1,0,1,0; 0,2,0,2' 或 JSON，或一个 .npy/.csv 文件",
@@ -31,15 +31,15 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("explain", "--d-model"): "只给 --tokens、不给 --x 时嵌入向量的宽度（默认 4）",
     ("explain", "--heads"): "注意力头的个数（默认 1）",
     ("explain", "--causal"): "因果掩码：不能看到后面的词元",
-    ("explain", "--no-scale"): "去掉除以 √d_k 的缩放，看看种子文章为什么要缩放",
+    ("explain", "--no-scale"): "去掉除以 √d_k 的缩放，看看原文为什么要缩放",
     ("explain", "--pos"): "位置编码：sinusoidal（正弦）或 learned（可学习），加到 X 上；rope 旋转 Q 和 K；默认 none（不加）",
-    ("explain", "--wo"): "用 Wo 投影多头的输出（种子文章 001 的最后一个线性层）",
+    ("explain", "--wo"): "用 Wo 投影多头的输出（原文 001 的最后一个线性层）",
     ("explain", "--residual"): "残差连接：x + attention(x)（隐含 --wo）",
-    ("explain", "--norm"): "层归一化：post 在残差之后（种子文章 001 的代码），pre 在注意力之前；隐含 --residual",
+    ("explain", "--norm"): "层规范化：post 在残差之后（原文 001 的代码），pre 在注意力之前；隐含 --residual",
     ("explain", "--padding"): "填充掩码，每个词元一个值：1 表示真实词元，0 表示填充；任何词元都不关注填充",
     ("explain", "--split"): "多头的拆分方式：seed000（每个头取 Wq 的各自列）或 seed001（一次投影后 .view(T, H, d_k).transpose）；二者是同一个计算",
     ("explain", "--seed"): "随机权重的种子（默认 0）",
-    ("explain", "--init"): "权重初始化方式（默认 normal，与种子文章的 randn 相同）",
+    ("explain", "--init"): "权重初始化方式（默认 normal，与原文的 randn 相同）",
     ("explain", "--lang"): "输出语言",
     ("explain", "--format"): "输出格式（默认 text）",
     ("explain", "--precision"): "打印的小数位数（默认 4）",
@@ -58,7 +58,7 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("train", ""): "在合成任务上训练一个小解码器，观察注意力头如何形成",
     # inspect
     ("inspect", "description"): "用 attnlab 自己的注意力在 TEXT 上运行预训练 BERT（默认是随包提供的 all-MiniLM-L6-v2）；写出热力图、可交互的 HTML 查看器和诊断（熵、稀疏度、[CLS]/[SEP] 汇聚、位置头、头之间的差异）。",
-    ("inspect", "text"): "要运行的文本（默认是 seed 001 的例句 “The animal didn't cross the street because it was too tired.”，--lang zh 时是 “天上有月，水中也有月。”）",
+    ("inspect", "text"): "要运行的文本（默认是 Google 2017 年 Transformer 博客和《The Illustrated Transformer》里的例句 “The animal didn't cross the street because it was too tired.”，--lang zh 时是 “天上有月，水中也有月。”）",
     ("inspect", "--layer"): "只看这些层（从 1 开始编号）",
     ("inspect", "--head"): "只看这些头（从 1 开始编号）",
     ("inspect", "--model"): "一个 BERT 文件夹（config.json、model.safetensors、tokenizer.json），代替随包提供的 MiniLM",
@@ -193,7 +193,7 @@ ERROR_ZH: list[tuple[str, str]] = [
      r"d_k：pos='rope' 成对旋转特征，需要偶数的 d_k，实际得到 \1"),
     (r"^num_heads: split='seed001' divides E = (\d+) into (\d+) heads \(seed 001's assert "
      r"d_model % h == 0\), got a remainder (\d+)$",
-     r"num_heads：split='seed001' 把 E = \1 平分给 \2 个头（种子文章 001 的 assert d_model % h == 0），余数为 \3"),
+     r"num_heads：split='seed001' 把 E = \1 平分给 \2 个头（原文 001 的 assert d_model % h == 0），余数为 \3"),
     (r"^d_k: split='seed001' uses d_k = E / H = (\d+), got (\d+)$",
      r"d_k：split='seed001' 使用 d_k = E / H = \1，实际得到 \2"),
     (r"^--tokens: expected at least one token, got an empty string$",

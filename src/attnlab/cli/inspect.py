@@ -1,6 +1,6 @@
 """``attnlab inspect``: a real pretrained model's attention, drawn, diagnosed and browsable.
 
-    attnlab inspect                     # seed 001's "it" -> "animal" on all-MiniLM-L6-v2
+    attnlab inspect                     # "it" -> "animal" on all-MiniLM-L6-v2
     attnlab inspect --lang zh           # 天上有月，水中也有月。
     attnlab inspect "The cat sat on the mat." --layer 3 --head 5 7 --out cat/
     attnlab inspect "..." --find "cat->mat" --max-length 512
@@ -25,7 +25,8 @@ from typing import Any
 from .args import CliError, prepare_out_dir, text_argument
 
 #: Default texts whose every character the model's vocabulary knows (no [UNK]), each
-#: with a link worth finding: seed 001's pronoun "it" -> "animal", and the second 月
+#: with a link worth finding: "it" -> "animal" (the sentence of Google's 2017 Transformer
+#: blog post and the Illustrated Transformer; seed 001 speaks of such links), and the second 月
 #: ("moon") -> the first one.
 DEFAULT_TEXTS = {
     "en": "The animal didn't cross the street because it was too tired.",

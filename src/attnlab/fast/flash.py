@@ -50,6 +50,7 @@ from ..errors import (
     ShapeError,
     as_float_array,
     check_alloc,
+    check_flag,
     check_ndim,
     check_positive_int,
     shape_str,
@@ -224,6 +225,7 @@ def flash_attention(
     sink_logits = check_sinks(sinks, inputs.batch, _LSE_DTYPE)
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
+    return_lse = check_flag(return_lse, "return_lse")
     if num_threads is not None:
         num_threads = check_positive_int(num_threads, "num_threads")
     dtype = q_arr.dtype

@@ -48,6 +48,7 @@ import torch
 
 from ..errors import AttnlabError, shape_str
 from ..torch import scaled_dot_product_attention
+from ..torch.kernel import scaled_scores, stable_softmax
 
 __all__ = ["BACKENDS", "ACCEPTED_KWARGS", "attention_function", "check_backend"]
 
@@ -134,11 +135,69 @@ def _convert(
     return options
 
 
+def _hooked(
+    site: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    options: dict[str, Any], want_weights: bool, plain: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # -> (B, H, T, Dv), (B, H, T, S) | None
+    """Attention with the module's hook points (:mod:`attnlab.lens.hf_points`): q, k, v
+    through their points; the scores and the pattern made (by the plain path's own steps)
+    only when a hook asks for one of them; z through its point."""
+    query = site("hook_q", query)  # (B, H, T, D)
+    key = site("hook_k", key)  # (B, Hkv, S, D)
+    value = site("hook_v", value)  # (B, Hkv, S, Dv)
+    mask = options.pop("mask", None)
+    if site.wants("hook_attn_scores") or site.wants("hook_pattern"):
+        out, weights = _explicit(site, query, key, value, mask, options)
+    elif want_weights or plain:
+        out, weights = scaled_dot_product_attention(query, key, value, mask,
+                                                    return_weights=True, **options)
+    else:
+        out, weights = scaled_dot_product_attention(query, key, value, mask, **options), None
+    return site("hook_z", out), (weights if want_weights else None)
+
+
+def _explicit(
+    site: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+    options: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor]:  # -> (B, H, T, Dv), (B, H, T, S)
+    """The plain path's steps one by one, so that hook_attn_scores and hook_pattern see (and
+    may replace) each: the scores (B, H, T, S) with -inf where not allowed, the pattern
+    (with each head's sink in the softmax when there are sinks), its product with v."""
+    T, S = q.shape[-2], k.shape[-2]
+    H, Hkv = q.shape[-3], k.shape[-3]
+    if H != Hkv:  # GQA: query head h reads key/value head h // (H / Hkv)
+        k = k.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S, D)
+        v = v.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S, Dv)
+    allowed = mask
+    if options.get("is_causal"):  # transformers' top-left rule (see _convert)
+        top_left = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()  # (T, S)
+        allowed = top_left if allowed is None else allowed & top_left
+    scale = options["scale"] if options.get("scale") is not None else q.shape[-1] ** -0.5
+    scores = site("hook_attn_scores", scaled_scores(
+        q, k, allowed, options.get("bias"), scale,
+        softcap=options.get("softcap")))  # (B, H, T, S)
+    sinks = options.get("sinks")
+    if sinks is not None:  # each head's sink joins the softmax and takes no value
+        column = sinks.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)
+        weights = stable_softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    else:
+        weights = stable_softmax(scores, dim=-1)  # (B, H, T, S)
+    weights = site("hook_pattern", weights)
+    p = options.get("dropout_p", 0.0)
+    dropped = torch.nn.functional.dropout(weights, p=p, training=True) if p else weights
+    return dropped @ v.to(dropped.dtype), weights  # (B, H, T, Dv), (B, H, T, S)
+
+
 def _torch_attention(
     module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     attention_mask: torch.Tensor | None, **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # -> (B, T, H, Dv), (B, H, T, S) | None
     options = _convert(module, query, key, attention_mask, kwargs)
+    site = getattr(module, "hook_site", None)
+    if site is not None:
+        out, weights = _hooked(site, query, key, value, options,
+                               bool(kwargs.get("output_attentions")), plain=False)
+        return out.transpose(1, 2).contiguous(), weights
     mask = options.pop("mask", None)
     if kwargs.get("output_attentions"):
         out, weights = scaled_dot_product_attention(query, key, value, mask,
@@ -153,6 +212,11 @@ def _plain_attention(
     attention_mask: torch.Tensor | None, **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # -> (B, T, H, Dv), (B, H, T, S) | None
     options = _convert(module, query, key, attention_mask, kwargs)
+    site = getattr(module, "hook_site", None)
+    if site is not None:
+        out, weights = _hooked(site, query, key, value, options,
+                               bool(kwargs.get("output_attentions")), plain=True)
+        return out.transpose(1, 2).contiguous(), weights
     mask = options.pop("mask", None)
     out, weights = scaled_dot_product_attention(query, key, value, mask, return_weights=True,
                                                 **options)  # the plain path
@@ -168,6 +232,9 @@ def _triton_attention(
         raise AttnlabError(
             f"backend: 'triton' runs attnlab's Triton kernels on CUDA tensors, got a model on "
             f"{query.device.type!r}; register(backend='torch') or 'plain' on the CPU")
+    if getattr(module, "hook_site", None) is not None:
+        raise AttnlabError("hooks: backend='triton' has no hook points; register(backend="
+                           "'torch') to read or edit q, k, v, the scores, the pattern or z")
     options = _convert(module, query, key, attention_mask, kwargs)
     for name in ("softcap", "sinks", "bias"):
         if options.get(name) is not None:
@@ -215,3 +282,6 @@ _FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] =
     "plain": _plain_attention,
     "triton": _triton_attention,
 }
+for _backend, _function in _FUNCTIONS.items():
+    # How attnlab.lens.hf_points recognises attnlab's functions in transformers' registry.
+    _function.attnlab_backend = _backend  # type: ignore[attr-defined]

@@ -258,8 +258,11 @@ def explain(
         attn_in = LayerNorm(E).forward(x_in)  # (T, E)
         steps.append(Step("normed_in", attn_in, "LayerNorm(x) = (x - mean) / √(var + ε)"))
 
-    size = f"E × d_k = {E} × {D}" if H == 1 else f"E × H·d_k = {E} × {H}·{D}"
-    steps += [Step(n, w, f"{n}: {size}") for n, w in weights.items()]
+    for n, w in weights.items():  # Wv's width is d_v, which need not equal d_k
+        width, per_head = ("d_v" if n == "Wv" else "d_k"), w.shape[1] // H
+        size = (f"E × {width} = {E} × {per_head}" if H == 1
+                else f"E × H·{width} = {E} × {H}·{per_head}")
+        steps.append(Step(n, w, f"{n}: {size}"))
     source_name = {"none": "X", "sinusoidal": "x", "learned": "x", "rope": "X"}[pos]
     if norm == "pre":
         source_name = "LayerNorm(x)"
@@ -327,11 +330,13 @@ def explain(
     if wo is not None:
         result = result @ wo  # (T, E_out)
         what = "concat" if H > 1 else "output"
-        steps += [Step("Wo", wo, f"Wo: H·d_k × E_out = {H}·{D} × {wo.shape[1]}"),
+        Dv = wo.shape[0] // H
+        steps += [Step("Wo", wo, f"Wo: H·d_v × E_out = {H}·{Dv} × {wo.shape[1]}"),
                   Step("projected", result, f"projected = {what}·Wo")]
     if residual:
         result = x_in + result  # (T, E)
-        steps.append(Step("residual", result, "residual = x + attention(x)"))
+        steps.append(Step("residual", result, "residual = x + attention(LayerNorm(x))"
+                          if norm == "pre" else "residual = x + attention(x)"))
         if norm == "post":
             result = LayerNorm(E).forward(result)  # (T, E)
             steps.append(Step("normed", result,
