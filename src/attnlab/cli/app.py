@@ -16,6 +16,7 @@ from ..errors import AttnlabError
 from . import approx, bench, draw, explain, inspect, profile, train
 from . import lens as lens_command
 from . import ring as ring_command
+from . import verify as verify_command
 from .args import CliError, Parser
 from .help_zh import localize_error, localize_parser, wants_chinese
 
@@ -35,6 +36,7 @@ COMMANDS = {
     "draw": draw,
     "train": train,
     "ring": ring_command,
+    "verify": verify_command,
 }
 
 
