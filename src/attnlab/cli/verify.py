@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..messages import msg, render
 from .args import CliError, text_argument
 
 EXIT_BUG = 3
@@ -26,36 +27,6 @@ DEFAULT_TEXTS = {
     "en": ["The cat sat on the mat because it was tired.", "Attention is all you need."],
     "zh": ["小明去了学校，因为他想学习。", "注意力就是一切。"],
 }
-
-#: The report's words, by key, in English and Chinese.
-WORDS: dict[str, dict[str, str]] = {
-    "title": {"en": "attnlab verify", "zh": "attnlab verify（核对）"},
-    "batch": {"en": "batch {B} × {T} tokens", "zh": "批 {B} × {T} 个词元"},
-    "padded": {"en": "padded", "zh": "含填充"},
-    "reference": {"en": "reference: attnlab's plain path in float64; rounding budget = 2 × "
-                        "{baseline}'s error (FlashAttention's rule)",
-                  "zh": "参考：attnlab 的朴素路径（float64）；舍入预算 = {baseline} 误差的 2 倍"
-                        "（FlashAttention 的规则）"},
-    "layer": {"en": "layer", "zh": "层"},
-    "budget": {"en": "budget", "zh": "预算"},
-    "pattern": {"en": "weights", "zh": "权重"},
-    "hidden": {"en": "hidden states: max |h − h_float64| over real tokens; weights: max over "
-                     "heads (worst head)",
-               "zh": "隐藏状态：真实词元上的 max |h − h_float64|；"
-                     "权重：各头中的最大值（最差的头）"},
-    "first": {"en": "first layer past the budget", "zh": "第一个超出预算的层"},
-    "none": {"en": "none", "zh": "无"},
-    "verdict": {"en": "verdict", "zh": "结论"},
-    "rounding": {"en": "rounding", "zh": "舍入误差"},
-    "bug": {"en": "BUG (beyond rounding)", "zh": "错误（超出舍入误差）"},
-    "unavailable": {"en": "not available for this model", "zh": "此模型不支持"},
-    "eager_not_finite": {
-        "en": "note: eager is not finite on real tokens (it upcasts softmax to float32; "
-              "float64 with padding gives NaN): sdpa is the baseline",
-        "zh": "注：eager 在真实词元上不是有限值（它把 softmax 提升到 float32；float64 加填充会得到 "
-              "NaN）：改用 sdpa 作基线"},
-}
-
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -84,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     folder = Path(args.model)
     if not (folder / "config.json").is_file():
-        raise CliError(f"MODEL_DIR: expected a model folder with config.json, got {args.model!r}")
+        raise CliError(msg("verify.no_model", got=repr(args.model)))
     texts = [text_argument(t, "--text") for t in (args.text or DEFAULT_TEXTS[args.lang])]
     if any(not t.strip() for t in texts):
-        raise CliError("--text: expected some text, got an empty string")
+        raise CliError(msg("cli.text_empty", flag="--text"))
     import torch
 
     from ..hf import verify
@@ -116,8 +87,8 @@ def _load(folder: Path, dtype: Any) -> tuple[Any, Any]:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True,
                                                   trust_remote_code=False)
     except (OSError, ValueError) as error:
-        raise CliError(f"MODEL_DIR: transformers could not read {str(folder)!r}: "
-                       f"{str(error).splitlines()[0]}") from None
+        raise CliError(msg("verify.unreadable", path=repr(str(folder)),
+                           detail=str(error).splitlines()[0])) from None
     causal = any(name.endswith(("ForCausalLM", "LMHeadModel"))
                  for name in (config.architectures or []))
     auto = AutoModelForCausalLM if causal else AutoModel
@@ -127,19 +98,19 @@ def _load(folder: Path, dtype: Any) -> tuple[Any, Any]:
 
 
 def report_text(report: Any, lang: str) -> str:
-    """The report as a table, in English or Chinese."""
+    """The report as a table, in English or Chinese (keys ``verify.*`` of
+    :mod:`attnlab.messages`)."""
 
     def w(key: str, **values: Any) -> str:
-        return WORDS[key][lang].format(**values)
+        return render(f"verify.{key}", lang, **values)
 
-    names = [n for n in report.layers[0].hidden]  # eager, then the candidates
-    batch = w("batch", B=report.batch, T=report.tokens)
+    names = list(report.layers[0].hidden)  # eager, then the candidates
+    title = w("title", model=report.model, dtype=report.dtype, B=report.batch, T=report.tokens)
     if report.padded:
-        batch += f" ({w('padded')})"
-    lines = [f"{w('title')}: {report.model}, {report.dtype}, {batch}",
-             w("reference", baseline=report.baseline), w("hidden"), ""]
+        title += w("padded")
+    lines = [title, w("reference", baseline=report.baseline), w("legend"), ""]
     pattern_names = [n for n in names if any(n in e.pattern for e in report.layers)]
-    head = [w("layer"), *names, w("budget"), *(f"{w('pattern')} {n}" for n in pattern_names)]
+    head = [w("layer"), *names, w("budget"), *(w("weights", name=n) for n in pattern_names)]
     rows = [head]
     for e in report.layers:
         row = [str(e.layer), *(_number(e.hidden[n]) for n in names), _number(e.budget)]
@@ -154,13 +125,14 @@ def report_text(report: Any, lang: str) -> str:
                                for i, cell in enumerate(r)).rstrip())
     lines.append("")
     for note in report.notes:
-        if note in WORDS:
-            lines.append(w(note))
+        if note == "eager_not_finite":
+            lines.append(w("eager_not_finite", baseline=report.baseline))
+        elif note.endswith("_unavailable"):
+            lines.append(w("unavailable_note", name=note.removesuffix("_unavailable")))
     firsts = ", ".join(f"{n}: {w('none') if layer is None else layer}"
                        for n, layer in report.first_disagreement.items())
-    lines.append(f"{w('first')}: {firsts}")
-    verdicts = ", ".join(f"{n}: {w(v)}" for n, v in report.verdict.items())
-    lines.append(f"{w('verdict')}: {verdicts}")
+    lines.append(w("first", items=firsts))
+    lines.append(w("verdict", items=", ".join(f"{n}: {w(v)}" for n, v in report.verdict.items())))
     return "\n".join(lines)
 
 
