@@ -38,11 +38,6 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-#: torch's own fused attention, bound once: code that swaps the global
-#: (``F.scaled_dot_product_attention = compat.scaled_dot_product_attention``, the
-#: usual way to route a model through attnlab) must not make attnlab call itself.
-TORCH_SDPA = F.scaled_dot_product_attention
-
 from ..errors import (
     ShapeError,
     check_broadcastable,
@@ -62,6 +57,11 @@ from ..shapes import (
 )
 from . import debug
 from .checks import as_bool_tensor, as_float_tensor, check_same_device, check_tensor_alloc
+
+#: torch's own fused attention, bound once: code that swaps the global
+#: (``F.scaled_dot_product_attention = compat.scaled_dot_product_attention``, the
+#: usual way to route a model through attnlab) must not make attnlab call itself.
+TORCH_SDPA = F.scaled_dot_product_attention
 
 __all__ = [
     "AttentionInputs",
