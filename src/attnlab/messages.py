@@ -86,6 +86,17 @@ MESSAGES: dict[str, tuple[str, str]] = {
                                "{names}：缩放后的分数可能达到 {bound}（D·max|q|·max|k|·|scale|，其中 D = {D}，max|q| = {q_max}，max|k| = {k_max}，scale = {scale}），超过 {dtype} 的最大值 {limit}：会溢出为 inf 并得到 NaN；{advice}"),
     "kernel.advice": ("scale q and k down", "请把 q 和 k 缩小"),
     "kernel.advice_float64": ("scale q and k down, or compute in float64", "请把 q 和 k 缩小，或改用 float64 计算"),
+    # ---- edges of the kernels, caches, merges and ring (each argument named)
+    "kernel.alibi_range": ("alibi_slopes: expected |slope|·(T + S) below {limit} (a quarter of {dtype}'s largest value) so that the bias -slope·|i' - j| stays finite, got max|slope| = {slope} with T + S = {length}",
+                           "alibi_slopes：需要 |slope|·(T + S) 小于 {limit}（{dtype} 最大值的四分之一），使偏置 -slope·|i' - j| 保持有限，实际 max|slope| = {slope}，T + S = {length}"),
+    "flash.merge_unweighable": ("lse1, lse2: expected log-sum-exps that can weigh the two parts, got {lse1} and {lse2} at row {row}: a finite fill this large over a whole row leaves each part's key count below float64's rounding of its lse; mask those keys with a boolean mask (an empty part has lse -inf and merges exactly) or use a fill of magnitude at most 1e6",
+                                "lse1, lse2：需要能为两部分定权重的 log-sum-exp，实际在第 {row} 行得到 {lse1} 和 {lse2}：整行都是这么大的有限填充值时，每部分键的个数已小于 float64 对其 lse 的舍入；请用布尔掩码屏蔽这些键（没有键的部分 lse 为 -inf，可以精确合并），或使用绝对值不超过 1e6 的填充值"),
+    "paged.block_id": ("blocks: expected block ids in 0..{last} (this pool's), got {got}", "blocks：需要 0..{last} 之间的块编号（本池的），实际得到 {got}"),
+    "paged.block_free": ("blocks: expected blocks in use, got {block}, which is already free (given back twice)", "blocks：需要正在使用的块，实际得到 {block}，它已经空闲（归还了两次）"),
+    "varlen.total_int64": ("lengths: expected a total length that fits int64 (at most {limit}), got {got}", "lengths：需要能放进 int64 的总长度（至多 {limit}），实际得到 {got}"),
+    "ring.unshard_kind": ("parts[{index}]: expected a shard of the kind of parts[0] ({kind}), got {got}", "parts[{index}]：需要与 parts[0] 同类的分片（{kind}），实际得到 {got}"),
+    "lens.whole_positions": ("positions: expected whole token indices, got {got}", "positions：需要整数的词元下标，实际得到 {got}"),
+    "train.head_pairs": ("{name}: expected (layer, head) pairs of ints, got {got}", "{name}：需要由整数组成的 (layer, head) 对，实际得到 {got}"),
     # ---- explain
     "explain.rope_d_k": ("d_k: pos='rope' rotates pairs of features, expected an even d_k, got {got}", "d_k：pos='rope' 成对旋转特征，需要偶数的 d_k，实际得到 {got}"),
     "explain.seed001_heads": ("num_heads: split='seed001' divides E = {E} into {H} heads (seed 001's assert d_model % h == 0), got a remainder {remainder}",
