@@ -136,6 +136,19 @@ HINTS: dict[str, tuple[str, str]] = {
                       "Post-LN and pre-LN are swapped: post is layer_norm(x + attention(x)), pre is x + attention(layer_norm(x))."),
     "block_pre_extra_norm": ("Pre-LN 的输出不再做层规范化：x + attention(layer_norm(x)) 就是结果。",
                              "Pre-LN does not normalise its output: x + attention(layer_norm(x)) is the result."),
+    # -- flash's online softmax
+    "online_no_correction": ("换了新的最大值以后，之前累加的 l 和 acc 没有重新缩放：先乘以 np.exp(m_old - m_new)，再加上这一块。",
+                             "After a new maximum, the l and acc summed so far were not rescaled: multiply them by np.exp(m_old - m_new), then add this tile."),
+    "online_no_divide": ("最后还要除以 l：输出是 acc / l。", "One last step: the output is acc / l."),
+    "online_last_tile": ("最后一块不满 block 个键时也要算：用 range(0, S, block)，切片 K[start:start + block]。",
+                         "The last tile counts even with fewer than block keys: use range(0, S, block) and slices K[start:start + block]."),
+    # -- softmax's gradient
+    "sb_no_subtract": ("还差一项：dx = y ⊙ (dy − Σ_j dy_j y_j)，每行减去 np.sum(dy * y, axis=-1, keepdims=True)。",
+                       "A term is missing: dx = y ⊙ (dy − Σ_j dy_j y_j), subtract np.sum(dy * y, axis=-1, keepdims=True) in each row."),
+    "sb_diagonal": ("只用了雅可比矩阵的对角线 y(1 − y)：softmax 的每个输出依赖整行输入，还有 −y_i y_j 的非对角项。",
+                    "You used only the Jacobian's diagonal y(1 − y): each softmax output depends on the whole row, the off-diagonal terms −y_i y_j count too."),
+    "sb_axis": ("求和的方向不对：Σ_j dy_j y_j 是沿每一行（axis=-1, keepdims=True）求和。",
+                "The sum runs the wrong way: Σ_j dy_j y_j is over each row (axis=-1, keepdims=True)."),
 }
 
 #: the inputs the checker tries, named for the learner: key -> (zh, en)
@@ -157,6 +170,8 @@ CASES: dict[str, tuple[str, str]] = {
     "three_heads": ("3 个头", "three heads"),
     "small_var": ("方差很小的输入", "inputs of tiny variance"),
     "constant_row": ("所有特征相同的一行", "a row whose features are all equal"),
+    "ragged": ("最后一块不满的键", "a last tile with fewer keys"),
+    "one_block": ("block = 1", "block = 1"),
     "post": ("norm=\"post\"", "norm=\"post\""),
     "pre": ("norm=\"pre\"", "norm=\"pre\""),
 }
