@@ -50,6 +50,7 @@ from .errors import (
     shape_str,
 )
 from .masks import band_mask
+from .messages import msg
 from .shapes import Band, attention_band, check_causal_alignment, check_window_pair
 
 __all__ = [
@@ -469,23 +470,15 @@ def check_score_range(
     scale = abs(float(scale))
     raw = q_max * k_max * D  # Python floats: inf on overflow, no exception
     bound = raw * scale
-    advice = "scale q and k down" + ("" if np.dtype(dtype) == np.float64 else
-                                     ", or compute in float64")
+    advice = msg("kernel.advice" if np.dtype(dtype) == np.float64 else "kernel.advice_float64")
+    numbers = {"names": names, "D": D, "q_max": f"{q_max:.3g}", "k_max": f"{k_max:.3g}",
+               "dtype": np.dtype(dtype), "limit": f"{limit:.3g}", "advice": advice}
     if raw >= limit and bound + max(bias_max, 0.0) < limit:
-        raise AttnlabError(
-            f"{names}: the scores q·kᵀ could reach {raw:.3g} before scaling (D·max|q|·max|k| "
-            f"with D = {D}, max|q| = {q_max:.3g}, max|k| = {k_max:.3g}), beyond "
-            f"{np.dtype(dtype)}'s largest value {limit:.3g}: they would overflow to inf and "
-            f"give NaN; {advice}"
-        )
+        raise AttnlabError(msg("kernel.raw_overflow", raw=f"{raw:.3g}", **numbers))
     if bound + max(bias_max, 0.0) < limit and q_max * scale < limit:
         return
-    raise AttnlabError(
-        f"{names}: the scaled scores could reach {bound:.3g} (D·max|q|·max|k|·|scale| with "
-        f"D = {D}, max|q| = {q_max:.3g}, max|k| = {k_max:.3g}, scale = {scale:.3g}), beyond "
-        f"{np.dtype(dtype)}'s largest value {limit:.3g}: they would overflow to inf and give "
-        f"NaN; {advice}"
-    )
+    raise AttnlabError(msg("kernel.scaled_overflow", bound=f"{bound:.3g}", scale=f"{scale:.3g}",
+                           **numbers))
 
 
 def attend(

@@ -20,6 +20,7 @@ import dataclasses
 import sys
 from typing import Any
 
+from ..messages import msg
 from .args import CliError, int_list, prepare_out_dir
 
 DEFAULT_OUT = "attnlab-bench"
@@ -86,7 +87,8 @@ def _name_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, .
     names = tuple(item.strip() for item in text.split(",") if item.strip())
     unknown = [n for n in names if n not in allowed]
     if not names or unknown:
-        raise CliError(f"{option}: expected names from {', '.join(allowed)}, got {text!r}")
+        raise CliError(msg("cli.names_from", flag=option, names=", ".join(allowed),
+                           got=repr(text)))
     return names
 
 
@@ -116,13 +118,15 @@ def build_config(args: argparse.Namespace) -> Any:
                    "generate_repeats"):
         if option in overrides and overrides[option] < 1:
             flag = "--" + option.replace("_", "-")
-            raise CliError(f"{flag}: expected an integer >= 1, got {overrides[option]}")
+            raise CliError(msg("check.integer_at_least", name=flag, low=1,
+                               got=overrides[option]))
     if "new_tokens" in overrides and overrides["new_tokens"] < 0:
-        raise CliError(f"--new-tokens: expected an integer >= 0, got {overrides['new_tokens']}")
+        raise CliError(msg("check.integer_at_least", name="--new-tokens", low=0,
+                           got=overrides["new_tokens"]))
     for option in ("min_time", "max_memory"):
         if option in overrides and not 0 <= overrides[option] < float("inf"):
             flag = "--" + option.replace("_", "-")
-            raise CliError(f"{flag}: expected a number >= 0, got {overrides[option]}")
+            raise CliError(msg("cli.number_at_least_0", flag=flag, got=overrides[option]))
     if args.quick:
         return BenchConfig.quick(**overrides)
     return dataclasses.replace(BenchConfig(), **overrides)

@@ -1,26 +1,26 @@
 # ruff: noqa: E501  (a message catalog: a Chinese sentence reads best on one line)
-"""``attnlab … --lang zh``: the command line in Chinese — ``--help`` and error messages.
+"""``attnlab … --lang zh``: the command line's ``--help`` in Chinese.
 
 The parsers are written once, in English; :func:`localize_parser` replaces each help
 text by its Chinese from :data:`HELP_ZH` (keyed by command and option, not by the
-English text), and :func:`localize_error` turns an error message into Chinese by the
-patterns of :data:`ERROR_ZH` (argparse's own messages and the commands' checks).
+English text). Error messages are keyed (:mod:`attnlab.messages`) and rendered in the
+language of ``--lang`` by :func:`attnlab.cli.main`.
 Names stay as they are: options, Q, K, V, softmax, file names, numbers.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Sequence
 
-__all__ = ["ERROR_ZH", "HELP_ZH", "wants_chinese", "localize_error", "localize_parser"]
+__all__ = ["HELP_ZH", "wants_chinese", "localize_parser"]
 
 #: (command, option) -> Chinese help; option "" = the command's one-line help,
 #: "description" = its description, "NAMES" = a positional argument's dest.
 HELP_ZH: dict[tuple[str, str], str] = {
     ("", "description"): "从零开始，一步一步地计算自注意力。",
     ("", "--help"): "显示帮助并退出",
+    ("", "--lang"): "帮助、错误信息和命令输出的语言",
     # explain
     ("explain", ""): "打印自注意力的每一步（X → Q、K、V → QKᵀ → 缩放 → softmax → ·V）",
     ("explain", "description"): "一步一步地计算自注意力。不加任何选项时：使用原文 000 的例子 "
@@ -177,58 +177,11 @@ HELP_ZH: dict[tuple[str, str], str] = {
 _HEADINGS = {"usage: ": "用法：", "positional arguments:": "位置参数：", "options:": "选项：",
              "show this help message and exit": "显示帮助并退出"}
 
-#: (pattern, Chinese) for error messages, most specific first.
-ERROR_ZH: list[tuple[str, str]] = [
-    (r"^attnlab(?: (\w+))?: argument (\S+): invalid choice: (.+?) \(choose from (.+)\)$",
-     r"参数 \2：无效的选择 \3（可选：\4）"),
-    (r"^attnlab(?: (\w+))?: argument (\S+): invalid (int|float) value: (.+)$",
-     r"参数 \2：\4 不是有效的数字"),
-    (r"^attnlab(?: (\w+))?: argument (\S+): expected one argument$", r"参数 \2：需要一个值"),
-    (r"^attnlab(?: (\w+))?: the following arguments are required: (.+)$", r"缺少必需的参数：\2"),
-    (r"^attnlab(?: (\w+))?: unrecognized arguments: (.+)$", r"无法识别的参数：\2"),
-    (r"^--padding: expected (\d+) values of 1 \(a real token\) or 0 \(padding\), one per token, "
-     r"like (\S+), got (.+)$", r"--padding：需要 \1 个值，每个词元一个，1 表示真实词元、0 表示填充，例如 \2；实际得到 \3"),
-    (r"^d_k: pos='rope' rotates pairs of features, expected an even d_k, got (\d+)$",
-     r"d_k：pos='rope' 成对旋转特征，需要偶数的 d_k，实际得到 \1"),
-    (r"^num_heads: split='seed001' divides E = (\d+) into (\d+) heads \(seed 001's assert "
-     r"d_model % h == 0\), got a remainder (\d+)$",
-     r"num_heads：split='seed001' 把 E = \1 平分给 \2 个头（原文 001 的 assert d_model % h == 0），余数为 \3"),
-    (r"^d_k: split='seed001' uses d_k = E / H = (\d+), got (\d+)$",
-     r"d_k：split='seed001' 使用 d_k = E / H = \1，实际得到 \2"),
-    (r"^--tokens: expected at least one token, got an empty string$",
-     r"--tokens：至少需要一个词元，实际得到空字符串"),
-    (r"^--precision: expected 0\.\.12, got (.+)$", r"--precision：需要 0..12，实际得到 \1"),
-    (r"^--x: expected a matrix like (.+) or a \.npy/\.csv file, got (.+)$",
-     r"--x：需要一个矩阵，例如 \1，或一个 .npy/.csv 文件；实际得到 \2"),
-    (r"^--x: file not found: (.+)$", r"--x：找不到文件：\1"),
-    (r"^--x: row (\d+) of (.+) has an empty (field|row) \((.*)\); expected numbers separated "
-     r"by commas, rows by ';'$", r"--x：\2 的第 \1 行有空的字段（\4）；数字之间用逗号分隔，行之间用 ';' 分隔"),
-    (r"^(\S+): expected an integer >= 1, got (.+)$", r"\1：需要 ≥ 1 的整数，实际得到 \2"),
-    (r"^(\S+): expected positive integers like (\S+), got (.+)$",
-     r"\1：需要正整数，例如 \2；实际得到 \3"),
-    (r"^(\S+): expected comma-separated integers like (\S+), got (.+)$",
-     r"\1：需要用逗号分隔的整数，例如 \2；实际得到 \3"),
-    (r"^(--\S+): expected a folder, got (.+), which is a file$", r"\1：需要一个文件夹，但 \2 是一个文件"),
-    (r"^(--\S+): could not create the folder (.+)$", r"\1：无法创建文件夹 \2"),
-    # The general shape of every attnlab message: "<argument>: expected <what>, got <value>".
-    (r"^([\w\-\[\]\.]+): expected (.+), got (.+)$", r"\1：期望 \2，实际得到 \3"),
-]
-_ERRORS = [(re.compile(pattern), repl) for pattern, repl in ERROR_ZH]
-
-
 def wants_chinese(argv: Sequence[str]) -> bool:
     """Whether the command line asks for Chinese (``--lang zh`` or ``--lang=zh``)."""
     items = list(argv)
     return "--lang=zh" in items or any(a == "--lang" and b == "zh"
                                        for a, b in zip(items, items[1:], strict=False))
-
-
-def localize_error(message: str) -> str:
-    """One error line in Chinese (its first matching pattern), prefixed 错误："""
-    for pattern, repl in _ERRORS:
-        if pattern.match(message):
-            return "错误：" + pattern.sub(repl, message, count=1)
-    return "错误：" + message
 
 
 def localize_parser(parser: argparse.ArgumentParser) -> None:

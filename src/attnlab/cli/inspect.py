@@ -22,6 +22,7 @@ import os
 import sys
 from typing import Any
 
+from ..messages import msg
 from .args import CliError, prepare_out_dir, text_argument
 
 #: Default texts whose every character the model's vocabulary knows (no [UNK]), each
@@ -73,7 +74,7 @@ def _select(chosen: list[int] | None, count: int, flag: str) -> list[int]:
         return list(range(count))
     bad = [c for c in chosen if not 1 <= c <= count]
     if bad:
-        raise CliError(f"{flag}: expected numbers in 1..{count}, got {bad[0]}")
+        raise CliError(msg("cli.numbers_in", flag=flag, count=count, got=bad[0]))
     return sorted({c - 1 for c in chosen})
 
 
@@ -97,24 +98,24 @@ def run(args: argparse.Namespace) -> int:
     default_text = args.text is None
     text = DEFAULT_TEXTS[args.lang] if default_text else text_argument(args.text, "text")
     if not text.strip():
-        raise CliError("text: expected some text, got an empty string")
+        raise CliError(msg("cli.text_empty", flag="text"))
     link = args.find if args.find is not None else (DEFAULT_FIND[args.lang] if default_text
                                                      else None)
     if link is not None:
         try:
-            source, target = parse_link(text_argument(link, "--find"))
+            source, target = parse_link(text_argument(link, "--find"), "--find")
         except AttnlabError as exc:
-            raise CliError(f"--find: {str(exc).removeprefix('link: ')}") from None
+            raise CliError(exc.message or str(exc)) from None
     if args.max_length is not None and args.max_length < 1:
-        raise CliError(f"--max-length: expected a number of tokens >= 1, got {args.max_length}")
+        raise CliError(msg("cli.max_length", got=args.max_length))
     out = prepare_out_dir(args.out)
     try:
         model = (load_bert(args.model, max_length=args.max_length) if args.model else
                  load_bert(minilm_path(), max_length=args.max_length, name="all-MiniLM-L6-v2"))
     except AttnlabError as exc:
-        message = str(exc)
-        if message.startswith("max_length:"):
-            raise CliError("--max-length:" + message.removeprefix("max_length:")) from None
+        if exc.message is not None and exc.message.key == "models.max_length":
+            raise CliError(msg("models.max_length", **{**exc.message.params,
+                                                       "name": "--max-length"})) from None
         raise
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads
     layers = _select(args.layer, L, "--layer")
@@ -141,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             found = find_heads(weights, tokens, source, target, top=5)
         except AttnlabError as exc:
-            raise CliError(f"--find: {exc}") from None
+            raise CliError(msg("cli.prefixed", flag="--find", inner=exc.message or str(exc))
+                           ) from None
         chosen = (found[0].layer, found[0].head)
     else:
         chosen = informative_head(weights, tokens)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError
+from ..messages import msg
 from .weight_checks import check_weights
 
 __all__ = ["HeadLink", "find_heads", "informative_head", "parse_link"]
@@ -46,17 +47,17 @@ class HeadLink:
     weight: float
 
 
-def parse_link(text: str) -> tuple[str, str]:
-    """``"it->animal"`` (or ``"it→animal"``) -> ("it", "animal")."""
+def parse_link(text: str, name: str = "link") -> tuple[str, str]:
+    """``"it->animal"`` (or ``"it→animal"``) -> ("it", "animal"); ``name`` is the argument
+    an error names."""
     if not isinstance(text, str):
-        raise AttnlabError(f"link: expected text such as 'it->animal', got {type(text).__name__}")
+        raise AttnlabError(msg("lens.link_type", name=name, type=type(text).__name__))
     for arrow in ("->", "→"):
         if arrow in text:
             source, _, target = text.partition(arrow)
             if source.strip() and target.strip():
                 return source.strip(), target.strip()
-    raise AttnlabError(f"link: expected two tokens joined by '->' such as 'it->animal', "
-                       f"got {text!r}")
+    raise AttnlabError(msg("lens.link", name=name, got=repr(text)))
 
 
 def _positions(tokens: Sequence[str], word: str, name: str) -> list[int]:
@@ -64,8 +65,7 @@ def _positions(tokens: Sequence[str], word: str, name: str) -> list[int]:
     found = [i for i, token in enumerate(tokens) if token.lower().removeprefix("##") == wanted]
     if not found:
         shown = " ".join(tokens[:40]) + (" …" if len(tokens) > 40 else "")
-        raise AttnlabError(f"{name}: expected one of the text's tokens, got {word!r} "
-                           f"(the tokens are: {shown})")
+        raise AttnlabError(msg("lens.not_a_token", name=name, got=repr(word), tokens=shown))
     return found
 
 
