@@ -398,3 +398,10 @@ def test_the_result_displays_itself_in_a_notebook():
 def test_task_gives_the_signature_with_shapes():
     assert "(T, D), (S, D) -> (T, S)" in exercises.task("scores")
     assert "True = may attend" in exercises.task("causal_mask", "en")
+
+
+def test_the_hint_is_a_keyed_message_of_the_catalog():
+    zh = exercises.check("scaled_scores", scores)
+    en = exercises.check("scaled_scores", scores, lang="en")
+    assert zh.message.key == "exercise.no_scale"
+    assert zh.message.render("en") == en.hint and en.message.render("zh") == zh.hint

@@ -154,4 +154,5 @@ def test_pre_ln_explains_the_row_layer_norm_sends_to_zero():
     en, zh = " ".join(note_lines(pre, "en")), " ".join(note_lines(pre, "zh"))
     assert "Rows 3 (word3) have all features equal" in en and "LayerNorm maps them to 0" in en
     assert "第 3 行" in zh and "层规范化把它们变成 0" in zh
-    assert "all features equal" not in " ".join(note_lines(attnlab.explain(norm="post", Wo=True), "en"))
+    post = attnlab.explain(norm="post", Wo=True)
+    assert "all features equal" not in " ".join(note_lines(post, "en"))

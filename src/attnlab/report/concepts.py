@@ -11,7 +11,6 @@ this module only draws them. matplotlib is imported inside the functions.
 from __future__ import annotations
 
 import textwrap
-
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
