@@ -46,6 +46,7 @@ from .errors import (
     check_broadcastable,
     check_flag,
     check_ndim,
+    check_positive_int,
     check_scale,
     shape_str,
 )
@@ -393,7 +394,7 @@ def check_dropout(
             "dropout_mask), got None: attnlab draws no hidden random numbers"
         )
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
-        rng = np.random.default_rng(int(rng))
+        rng = np.random.default_rng(check_positive_int(rng, "rng", allow_zero=True))
     if not isinstance(rng, np.random.Generator):
         raise AttnlabError(f"rng: expected a np.random.Generator or an int seed, got {rng!r}")
     keep = rng.random(score_shape) >= p  # (..., T, S) True = kept

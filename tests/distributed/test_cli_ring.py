@@ -18,3 +18,15 @@ def test_cli_runs_processes(capsys):
     error = float(re.search(r"max error against single-process attention: (\S+)", out)[1])
     # float32 ring vs float32 single-process attention: PyTorch CP's atol 2e-6
     assert error < 2e-6
+
+
+def test_out_without_simulate_is_refused(capsys, tmp_path):
+    # --out only has a meaning with --simulate; without it the folder was silently ignored.
+    folder = tmp_path / "ring"
+    code = main(["ring", "--world-size", "2", "--seq", "8", "--out", str(folder)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [f"error: --out: expected --simulate with it (the "
+                                        f"measured ring writes no files; --json prints its "
+                                        f"numbers as JSON), got --out {folder} alone"]
+    assert not folder.exists()

@@ -152,6 +152,7 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("bench", "--repeats"): "每个点计时的次数；报告中位数和最小–最大值（默认 5）",
     ("bench", "--min-time"): "每个样本至少持续这么久；更快的调用会循环执行（默认 0.05，--quick 时 0.01）",
     ("bench", "--seed"): "输入和模型的种子（默认 0）",
+    ("bench", "--cpu-time"): "与 --roofline 一起使用：按进程的 CPU 时间而不是墙钟时间计时（在与他人共用的机器上，单线程时更稳定）",
     ("bench", "--roofline"): "改为测量本机峰值（sgemm、exp、内存带宽）以及每条注意力路径达到其受限上限的比例（约 30 秒；--quick：极小规模）",
     ("bench", "--lengths"): "序列长度 T = S（默认 256,512,1024,2048,4096；--quick 时 128,256,512）",
     ("bench", "--contenders"): "用逗号分隔，可选 numpy_naive、numpy_flash、torch_naive、torch_sdpa、attnlab_torch（默认全部）",

@@ -144,6 +144,10 @@ def cu_seqlens_from_lengths(lengths: Any) -> np.ndarray:  # (B,) -> (B + 1,) int
         raise AttnlabError(f"lengths: expected a 1-D list of integers, got {describe(lengths)}")
     if arr.size and arr.min() < 0:
         raise AttnlabError(f"lengths: expected lengths >= 0, got {int(arr.min())}")
+    total = sum(int(n) for n in arr.tolist())  # Python ints: np.cumsum would wrap negative
+    if total > np.iinfo(np.int64).max:
+        raise AttnlabError(f"lengths: expected a total length that fits int64 (at most "
+                           f"{np.iinfo(np.int64).max}), got {total}")
     return np.concatenate([[0], np.cumsum(arr, dtype=np.int64)]).astype(np.int64)
 
 

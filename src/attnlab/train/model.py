@@ -29,6 +29,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from numbers import Integral
 from typing import Any, Literal, cast
 
 import torch
@@ -267,15 +268,22 @@ class Decoder(nn.Module):
     @contextmanager
     def ablate(
         self, heads: Sequence[tuple[int, int]], mode: AblationMode = "zero",
-        reference: torch.Tensor | None = None,
+        reference: torch.Tensor | None = None, *, name: str = "heads",
     ) -> Iterator[None]:
         """Within the block, the (layer, head) pairs' outputs are zeros (``"zero"``) or their
-        mean over the positions and examples of ``reference`` (B, T) ids (``"mean"``)."""
+        mean over the positions and examples of ``reference`` (B, T) ids (``"mean"``).
+        ``name``: the argument the pairs came in as (for errors)."""
         L, H = self.config.num_layers, self.config.num_heads
-        pairs = [(int(layer), int(head)) for layer, head in heads]
+        pairs: list[tuple[int, int]] = []
+        for item in heads:
+            if not (isinstance(item, tuple | list) and len(item) == 2 and all(
+                    isinstance(i, Integral) and not isinstance(i, bool) for i in item)):
+                raise AttnlabError(f"{name}: expected (layer, head) pairs of ints, got "
+                                   f"{item!r}")
+            pairs.append((int(item[0]), int(item[1])))
         for layer, head in pairs:
             if not (0 <= layer < L and 0 <= head < H):
-                raise AttnlabError(f"heads: expected (layer, head) with 0 <= layer < {L} and "
+                raise AttnlabError(f"{name}: expected (layer, head) with 0 <= layer < {L} and "
                                    f"0 <= head < {H}, got ({layer}, {head})")
         if mode not in ("zero", "mean"):
             raise AttnlabError(f"mode: expected 'zero' or 'mean', got {mode!r}")
