@@ -509,6 +509,19 @@ lesson(
          "    print(f\"keys {start}-{start + 1}: m = {m:.3f}, l = {l:.3f}, acc = {np.round(acc, 3)}\")\n"
          "print(\"acc / l =\", acc / l)\n"
          "print(\"full computation =\", attnlab.scaled_dot_product_attention(q[None], K, V)[0])"),
+    md("## 动手写：在线 softmax\n\n把上面的循环写成函数：q (D,)、K (S, D)、V (S, Dv)，每次读 block 个键，返回 (Dv,)。"
+       "最后一块可能不满 block 个键。",
+       "## Your turn: the online softmax\n\nTurn the loop above into a function: q (D,), K (S, D), "
+       "V (S, Dv), block keys at a time, returning (Dv,). The last tile may hold fewer keys."),
+    write("online_attention", "online_attention(q, K, V, block)", "m、l、acc 三个运行量", "the running m, l and acc",
+          "    m, l, acc = -np.inf, 0.0, np.zeros(V.shape[1])\n"
+          "    for start in range(0, len(K), block):\n"
+          "        s = K[start:start + block] @ q / np.sqrt(len(q))   # 这一块的分数\n"
+          "        m_new = max(m, s.max())\n"
+          "        correction = np.exp(m - m_new)                    # 旧的 l、acc 按新的最大值重新缩放\n"
+          "        p = np.exp(s - m_new)\n"
+          "        l, acc, m = l * correction + p.sum(), acc * correction + p @ V[start:start + block], m_new\n"
+          "    return acc / l"),
     code("report.draw(\"flash\", lang=LANG)"),
     md("KV 缓存：解码时每一步只算新词元的 q、k、v，之前的 K、V 存起来复用。",
        "The KV cache: while decoding, each step computes only the new token's q, k, v and "
@@ -548,6 +561,13 @@ lesson(
        "position before concluding.\n\nGradient norms: the gradient of `bk` (the key bias) "
        "is **exactly 0**, not vanishing: bk adds the same constant q·bk to every score of a "
        "row, and the softmax ignores a per-row constant."),
+    md("## 动手写：softmax 的梯度\n\ny = softmax(x)，dy = ∂L/∂y，求 dx = ∂L/∂x = y ⊙ (dy − Σ_j dy_j y_j)（每一行求和）。"
+       "写完看一看：dx 的每一行之和是多少？这就是 bk 的梯度为 0 的原因。",
+       "## Your turn: softmax's gradient\n\ny = softmax(x), dy = ∂L/∂y; compute dx = ∂L/∂x = "
+       "y ⊙ (dy − Σ_j dy_j y_j) (summed per row). Then look: what does each row of dx sum to? "
+       "That is why bk's gradient is 0."),
+    write("softmax_backward", "softmax_backward(y, dy)", "返回 dx，形状同 y", "return dx, shaped like y",
+          "    return y * (dy - np.sum(dy * y, axis=-1, keepdims=True))   # 每行之和为 0"),
     code("mha = attnlab.MultiHeadAttention.init(2, 8, seed=0)\n"
          "x = np.random.default_rng(0).standard_normal((5, 8))\n"
          "grads = attnlab.grad_diagnostics.grad_norms(mha, x, dout=np.ones((5, 8)))\n"
