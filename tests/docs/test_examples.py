@@ -3,7 +3,8 @@
 The examples used to live in the README; they moved with the sections they illustrate,
 and so did the checks on what they produce. Each page's ```python blocks run in order in
 one namespace (as a reader would paste them); ```py blocks are fragments that need
-several processes (distributed ranks) and are not run here.
+what a test cannot have (several distributed ranks, a model folder of the reader's
+own) and are not run here.
 """
 
 from __future__ import annotations
