@@ -89,13 +89,14 @@ class HFRun:
         return self.ids[self.prompt_length:]
 
 
-def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | None = None
-            ) -> HFModel:
+def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | None = None,
+            label: str | None = None) -> HFModel:
     """A local Hugging Face folder (or hub name) as an :class:`HFModel`, float32, eval mode.
 
     Decoders (``*ForCausalLM`` architectures, or ``is_decoder``) load with their LM head;
     encoders without one. The tokenizer is the folder's own. A hub name that cannot be
-    reached raises one :class:`~attnlab.errors.AttnlabError` line.
+    reached raises one :class:`~attnlab.errors.AttnlabError` line. ``label`` names the
+    model in messages and titles (default: the folder's name).
     """
     if not isinstance(name, (str, os.PathLike)) or not str(name).strip():
         raise AttnlabError(f"model: expected a Hugging Face folder or hub name, got {name!r}")
@@ -130,7 +131,7 @@ def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | Non
     model.eval()
     if max_length is not None:
         tokenizer.model_max_length = max_length
-    return HFModel(model=model, tokenizer=tokenizer, name=Path(source).name or source,
+    return HFModel(model=model, tokenizer=tokenizer, name=label or Path(source).name or source,
                    is_decoder=is_decoder)
 
 
