@@ -198,7 +198,7 @@ def test_chinese_interface() -> None:
     words = embedded_json(page)["words"]
     assert words["layer_option"] == "第 {n} 层"
     # The legend names the flags exactly as the badges do.
-    for flag in ("近似均匀", "过度稀疏", "汇聚到特殊词元", "关注前一个词元"):
+    for flag in ("近似均匀", "过度稀疏", "停靠在特殊词元（sink）", "关注前一个词元"):
         assert flag in words["flag_text"].values() and flag in words["legend"]
 
 

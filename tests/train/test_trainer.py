@@ -166,3 +166,22 @@ def test_bad_settings_are_named():
     with pytest.raises(AttnlabError, match="reference"):
         with model.ablate([(0, 0)], "mean"):
             pass
+
+
+def test_a_diverging_run_reports_where_instead_of_raising():
+    """lr = 1e6 blows the weights up within a few steps: train() returns, saying at which
+    step (diverged_at) and the last finite loss, and metrics() is valid JSON."""
+    import json
+
+    task = make_task("sort", length=4, digits=5, heldout=50)
+    config = ModelConfig(task.vocab_size, task.seq_len, **TINY)
+    result = train(task, config, TrainConfig(steps=30, batch_size=8, lr=1e6, snapshots=31,
+                                             snapshot_batch=10))
+    assert result.diverged_at is not None and 1 <= result.diverged_at < 30
+    assert len(result.losses) == result.diverged_at
+    metrics = json.loads(json.dumps(result.metrics(), allow_nan=False))
+    assert metrics["diverged_at"] == result.diverged_at
+    step, loss = metrics["last_finite_step"], metrics["last_finite_loss"]
+    assert step is not None and math.isfinite(loss) and loss == result.losses[step - 1]
+    assert all(np.isfinite(result.losses[:step]))
+    assert result.snapshot_steps[-1] < result.diverged_at  # only finite snapshots kept

@@ -1,6 +1,6 @@
 """``attnlab inspect``: a real pretrained model's attention, drawn, diagnosed and browsable.
 
-    attnlab inspect                     # seed 001's "it" -> "animal" on all-MiniLM-L6-v2
+    attnlab inspect                     # "it" -> "animal" on all-MiniLM-L6-v2
     attnlab inspect --lang zh           # 天上有月，水中也有月。
     attnlab inspect "The cat sat on the mat." --layer 3 --head 5 7 --out cat/
     attnlab inspect "..." --find "cat->mat" --max-length 512
@@ -24,6 +24,7 @@ import os
 import sys
 from typing import Any
 
+from ..messages import msg
 from .args import CliError, prepare_out_dir, text_argument
 from .inspect_report import DEFAULT_FIND, DEFAULT_TEXTS, report, select_indices
 
@@ -85,24 +86,24 @@ def run(args: argparse.Namespace) -> int:
     default_text = args.text is None
     text = DEFAULT_TEXTS[args.lang] if default_text else text_argument(args.text, "text")
     if not text.strip():
-        raise CliError("text: expected some text, got an empty string")
+        raise CliError(msg("cli.text_empty", flag="text"))
     link = args.find if args.find is not None else (DEFAULT_FIND[args.lang] if default_text
                                                      else None)
     if link is not None:
         try:
-            source, target = parse_link(text_argument(link, "--find"))
+            source, target = parse_link(text_argument(link, "--find"), "--find")
         except AttnlabError as exc:
-            raise CliError(f"--find: {str(exc).removeprefix('link: ')}") from None
+            raise CliError(exc.message or str(exc)) from None
     if args.max_length is not None and args.max_length < 1:
-        raise CliError(f"--max-length: expected a number of tokens >= 1, got {args.max_length}")
+        raise CliError(msg("cli.max_length", got=args.max_length))
     out = prepare_out_dir(args.out)
     try:
         model = (load_bert(args.model, max_length=args.max_length) if args.model else
                  load_bert(minilm_path(), max_length=args.max_length, name="all-MiniLM-L6-v2"))
     except AttnlabError as exc:
-        message = str(exc)
-        if message.startswith("max_length:"):
-            raise CliError("--max-length:" + message.removeprefix("max_length:")) from None
+        if exc.message is not None and exc.message.key == "models.max_length":
+            raise CliError(msg("models.max_length", **{**exc.message.params,
+                                                       "name": "--max-length"})) from None
         raise
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads
     layers = select_indices(args.layer, L, "--layer")

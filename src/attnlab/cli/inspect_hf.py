@@ -19,6 +19,7 @@ import sys
 
 import numpy as np
 
+from ..messages import msg
 from .args import CliError, prepare_out_dir, text_argument
 
 
@@ -33,25 +34,25 @@ def run_transformers(args: argparse.Namespace) -> int:
     default_text = args.text is None
     text = DEFAULT_TEXTS[args.lang] if default_text else text_argument(args.text, "text")
     if not text.strip():
-        raise CliError("text: expected some text, got an empty string")
+        raise CliError(msg("cli.text_empty", flag="text"))
     pair = None if args.pair is None else text_argument(args.pair, "--pair")
     if pair is not None and not pair.strip():
-        raise CliError("--pair: expected some text, got an empty string")
+        raise CliError(msg("cli.text_empty", flag="--pair"))
     if args.generate < 0:
-        raise CliError(f"--generate: expected a number of tokens >= 0, got {args.generate}")
+        raise CliError(msg("cli.generate_count", got=args.generate))
     if args.generate and pair is not None:
-        raise CliError("--generate: expected either --generate or --pair, got both")
+        raise CliError(msg("cli.generate_or_pair"))
     if args.max_length is not None and args.max_length < 1:
-        raise CliError(f"--max-length: expected a number of tokens >= 1, got {args.max_length}")
+        raise CliError(msg("cli.max_length", got=args.max_length))
     # MiniLM's default link is only known to be in MiniLM's own tokens.
     link_text = args.find if args.find is not None else (
         DEFAULT_FIND[args.lang] if default_text and args.model is None else None)
     link = None
     if link_text is not None:
         try:
-            link = parse_link(text_argument(link_text, "--find"))
+            link = parse_link(text_argument(link_text, "--find"), "--find")
         except AttnlabError as exc:
-            raise CliError(f"--find: {str(exc).removeprefix('link: ')}") from None
+            raise CliError(exc.message or str(exc)) from None
     out = prepare_out_dir(args.out)
     _quiet_transformers()
     try:
@@ -60,11 +61,11 @@ def run_transformers(args: argparse.Namespace) -> int:
                      label=None if args.model is not None else "all-MiniLM-L6-v2")
         run = run_hf(hf, text, pair=pair, generate=args.generate)
     except AttnlabError as exc:
-        message = str(exc)
-        for name, flag in (("model:", "--model:"), ("generate:", "--generate:"),
-                           ("pair:", "--pair:")):
-            if message.startswith(name):
-                raise CliError(flag + message.removeprefix(name)) from None
+        # The library names its arguments (model, generate); the command line its flags.
+        message = exc.message
+        if message is not None and message.params.get("name") in ("model", "generate"):
+            flag = "--" + message.params["name"]
+            raise CliError(msg(message.key, **{**message.params, "name": flag})) from None
         raise
     L, H = run.weights.shape[:2]
     layers = select_indices(args.layer, L, "--layer")

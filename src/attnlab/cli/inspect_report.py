@@ -12,10 +12,12 @@ import json
 import sys
 from typing import Any
 
+from ..messages import msg
 from .args import CliError
 
 #: Default texts whose every character the model's vocabulary knows (no [UNK]), each
-#: with a link worth finding: seed 001's pronoun "it" -> "animal", and the second 月
+#: with a link worth finding: "it" -> "animal" (the sentence of Google's 2017 Transformer
+#: blog post and the Illustrated Transformer; seed 001 speaks of such links), and the second 月
 #: ("moon") -> the first one.
 DEFAULT_TEXTS = {
     "en": "The animal didn't cross the street because it was too tired.",
@@ -30,7 +32,7 @@ def select_indices(chosen: list[int] | None, count: int, flag: str) -> list[int]
         return list(range(count))
     bad = [c for c in chosen if not 1 <= c <= count]
     if bad:
-        raise CliError(f"{flag}: expected numbers in 1..{count}, got {bad[0]}")
+        raise CliError(msg("cli.numbers_in", flag=flag, count=count, got=bad[0]))
     return sorted({c - 1 for c in chosen})
 
 
@@ -62,7 +64,8 @@ def report(args: argparse.Namespace, out: Any, weights: Any, tokens: list[str],
         try:
             found = find_heads(weights, tokens, source, target, top=5)
         except AttnlabError as exc:
-            raise CliError(f"--find: {exc}") from None
+            raise CliError(msg("cli.prefixed", flag="--find", inner=exc.message or str(exc))
+                           ) from None
         chosen = (found[0].layer, found[0].head)
     else:
         chosen = informative_head(weights, tokens)

@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import AttnlabError, ShapeError, check_positive_int, describe
+from ..messages import msg
 
 __all__ = [
     "LAYOUTS",
@@ -77,13 +78,9 @@ def check_length(T: int, world_size: int, layout: Layout, name: str = "T") -> in
     """The shard length T / W, or a ShapeError naming the layout's divisibility rule."""
     chunks = _chunks(layout, world_size)
     if T % chunks:
-        rule = ("2W" if layout == "zigzag" else "W") + f" = {chunks}"
-        raise ShapeError(
-            f"{name}: the {layout} layout cuts the sequence into {rule} equal chunks, "
-            f"so the length must be a multiple of {chunks}, got {T}; pad it to "
-            f"{-(-T // chunks) * chunks} (attnlab.distributed.padded_length) and pass "
-            f"key_padding False on the padding"
-        )
+        raise ShapeError(msg("ring.length", name=name, layout=layout, chunks=chunks, T=T,
+                             rule="2W" if layout == "zigzag" else "W",
+                             padded=-(-T // chunks) * chunks))
     return T // world_size
 
 

@@ -90,8 +90,24 @@ class BlockAllocator:
         return [self._free.pop() for _ in range(count)]
 
     def release(self, blocks: Sequence[int]) -> None:
-        """Give ``blocks`` back; the last of them is handed out first."""
-        self._free.extend(reversed(blocks))
+        """Give ``blocks`` back; the last of them is handed out first.
+
+        Each must be a block of this pool that is handed out now: a block given
+        back twice would later go to two sequences at once (checked before any
+        is taken back).
+        """
+        free = set(self._free)
+        seen: set[int] = set()
+        for block in blocks:
+            if (not isinstance(block, (int, np.integer)) or isinstance(block, bool)
+                    or not 0 <= block < self.num_blocks):
+                raise AttnlabError(f"blocks: expected block ids in 0..{self.num_blocks - 1} "
+                                   f"(this pool's), got {block!r}")
+            if block in free or block in seen:
+                raise AttnlabError(f"blocks: expected blocks in use, got {int(block)}, which "
+                                   "is already free (given back twice)")
+            seen.add(int(block))
+        self._free.extend(int(b) for b in reversed(blocks))
 
 
 def check_sequence_ids(sequences: Any, known: dict[int, list[int]], B: int | None) -> list[int]:

