@@ -46,6 +46,7 @@ from .errors import (
     check_broadcastable,
     check_flag,
     check_ndim,
+    check_positive_int,
     check_scale,
     shape_str,
 )
@@ -310,11 +311,8 @@ def check_alibi_range(slope_max: float, T: int, S: int, dtype: Any) -> None:
     limit = float(np.finfo(dtype).max) / 4
     reach = slope_max * max(T + S, 1)  # Python floats: inf on overflow, no exception
     if not reach < limit:
-        raise AttnlabError(
-            f"alibi_slopes: expected |slope|·(T + S) below {limit:.3g} (a quarter of "
-            f"{np.dtype(dtype)}'s largest value) so that the bias -slope·|i' - j| stays "
-            f"finite, got max|slope| = {slope_max:.3g} with T + S = {T + S}"
-        )
+        raise AttnlabError(msg("kernel.alibi_range", limit=f"{limit:.3g}", dtype=np.dtype(dtype),
+                               slope=f"{slope_max:.3g}", length=T + S))
 
 
 def alibi_max(slopes: np.ndarray | None, T: int, S: int) -> float:
@@ -393,7 +391,7 @@ def check_dropout(
             "dropout_mask), got None: attnlab draws no hidden random numbers"
         )
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
-        rng = np.random.default_rng(int(rng))
+        rng = np.random.default_rng(check_positive_int(rng, "rng", allow_zero=True))
     if not isinstance(rng, np.random.Generator):
         raise AttnlabError(f"rng: expected a np.random.Generator or an int seed, got {rng!r}")
     keep = rng.random(score_shape) >= p  # (..., T, S) True = kept

@@ -212,3 +212,19 @@ def test_alibi_slopes_that_would_overflow_the_bias_are_refused(path, slopes):
     # within the bound, huge and ordinary slopes (negative ones too) give finite numbers
     for within in ([-1e37, 0.5], [-0.5, 0.25]):
         assert np.isfinite(attend(q, k, v, alibi_slopes=np.array(within))).all()
+
+
+@pytest.mark.parametrize("path", ["plain", "flash"])
+def test_a_window_longer_than_any_sequence_is_unbounded_and_a_negative_seed_is_named(path):
+    # window=10**30 (an int with is_causal, or a side of a pair) ended in OverflowError
+    # from int64 arithmetic; a side that long reaches past any sequence: no window.
+    attend = attnlab.scaled_dot_product_attention if path == "plain" else flash_attention
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 5, 4)) for _ in range(3))
+    causal = attend(q, k, v, is_causal=True)
+    for window in (10**30, (10**30, 0), (10**30, 10**30)):
+        np.testing.assert_array_equal(attend(q, k, v, is_causal=True, window=window), causal)
+    np.testing.assert_array_equal(attend(q, k, v, window=(10**30, 10**30)), attend(q, k, v))
+    if path == "plain":  # dropout's rng=-1 ended in NumPy's bare "expected non-negative integer"
+        with pytest.raises(AttnlabError, match=r"^rng: expected an integer >= 0, got -1$"):
+            attend(q, k, v, dropout_p=0.1, rng=-1)

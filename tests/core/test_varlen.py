@@ -310,3 +310,12 @@ def test_check_cu_seqlens_returns_int64():
     assert check_cu_seqlens(np.array([0, 2, 2, 5], np.int32), "cu", 5, "total").dtype == np.int64
     with pytest.raises(AttnlabError, match="lengths: expected lengths >= 0"):
         cu_seqlens_from_lengths([2, -1])
+
+
+def test_lengths_whose_total_overflows_int64_are_refused():
+    # np.cumsum wrapped: [2**62, 2**62] gave cu_seqlens [0, 2**62, -2**63].
+    with pytest.raises(AttnlabError, match=r"lengths: expected a total length that fits int64 "
+                                           r"\(at most 9223372036854775807\), got "
+                                           r"9223372036854775808"):
+        cu_seqlens_from_lengths([2**62, 2**62])
+    assert cu_seqlens_from_lengths([2**62, 2**62 - 1]).tolist() == [0, 2**62, 2**63 - 1]

@@ -91,7 +91,7 @@ def test_real_minilm_equals_eager():
     assert _max_error(got, want, real) < 2e-5
 
 
-@pytest.mark.parametrize("arch", ["bert", "llama", "gpt_oss", "gemma2"])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "llama", "gpt_oss", "gemma2"])
 def test_output_attentions_returns_eagers_weights(arch):
     inputs = tm.batch("left")
     with torch.no_grad():

@@ -24,10 +24,11 @@ PATHS = ["sdpa (plain)", "flash forward", "flash backward", "flash varlen", "sli
 
 def test_tiny_roofline_end_to_end_in_chinese(tmp_path, capsys):
     code = main(["bench", "--roofline", "--quick", "--repeats", "2", "--lang", "zh",
-                 "--out", str(tmp_path)])
+                 "--cpu-time", "--out", str(tmp_path)])
     captured = capsys.readouterr()
     assert code == 0
     assert "本机峰值" in captured.out and "受限于" in captured.out and "占上限比例" in captured.out
+    assert "CPU 时间" in captured.out
     for name in ("roofline.json", "roofline.txt", "roofline.png"):
         assert (tmp_path / name).stat().st_size > 0
         assert f"已写入 {tmp_path / name}" in captured.err
@@ -36,7 +37,7 @@ def test_tiny_roofline_end_to_end_in_chinese(tmp_path, capsys):
 
     data = json.loads((tmp_path / "roofline.json").read_text())
     cfg, peaks = data["config"], data["peaks"]
-    assert cfg["repeats"] == 2 and cfg["threads"] == 1
+    assert cfg["repeats"] == 2 and cfg["threads"] == 1 and cfg["cpu_time"] is True
     assert all(peaks[key] > 0 for key in ("gemm_gflops", "exp_per_second", "bandwidth_gbs"))
     by_name = {p["name"]: p for p in data["paths"]}
     assert [n for n in by_name if n in PATHS] == PATHS  # the twin only where torch is installed
@@ -72,7 +73,7 @@ def test_english_table_from_a_result():
                             (1.0, 0.5, 0.25), 3.0)
     table = format_roofline(result)
     assert "sgemm 86.0 GFLOP/s · exp 0.68 G/s · memory bandwidth 12.5 GB/s" in table
-    assert "load average 1.00 0.50 0.25" in table
+    assert "wall time" in table and "load average 1.00 0.50 0.25" in table
     row = next(line for line in table.splitlines() if line.startswith("flash forward"))
     # 8.6 GFLOP in 0.2 s: 43.0 GFLOP/s; 18 MB: 0.09 GB/s
     assert row.split()[-5:] == ["200.00", "43.0", "0.09", "sgemm", "0.50"]

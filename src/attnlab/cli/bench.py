@@ -53,6 +53,9 @@ def add_parser(sub: Any) -> None:
                    help="measure this machine's peaks (sgemm, exp, memory bandwidth) and each "
                    "attention path's share of its limiting bound instead (~30 s; --quick: tiny "
                    "sizes)")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="with --roofline: time by the process's CPU time, not wall time (the "
+                   "steadier figure at one thread on a shared machine)")
     att = p.add_argument_group("attention")
     att.add_argument("--lengths", metavar="T,T,...",
                      help="sequence lengths T = S (default 256,512,1024,2048,4096; "
@@ -167,6 +170,8 @@ def run_roofline(args: argparse.Namespace) -> int:
             if value < 1:
                 raise CliError(f"--{option}: expected an integer >= 1, got {value}")
             overrides[option] = value
+    if args.cpu_time:
+        overrides["cpu_time"] = True
     config = (RooflineConfig.quick(**overrides) if args.quick
               else dataclasses.replace(RooflineConfig(), **overrides))
     prepare_out_dir(args.out)

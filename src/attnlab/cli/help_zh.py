@@ -45,6 +45,15 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("explain", "--precision"): "打印的小数位数（默认 4）",
     ("explain", "--out"): "同时把 heatmap.png、heatmap.svg、trace.json、trace.md 写到这个文件夹",
     ("inspect", ""): "在一段文本上运行真实模型（all-MiniLM-L6-v2），查看每一个注意力头",
+    # verify
+    ("verify", ""): "核对一个 Hugging Face 模型的注意力：float64 朴素路径、eager 与 sdpa 逐层对比",
+    ("verify", "description"): "在 attnlab 的 float64 朴素路径、eager 和 sdpa（以及 attnlab 的融合路径）上用同一个含填充的批运行一个 Hugging Face 模型文件夹；逐层打印隐藏状态和注意力权重的最大误差、第一个超出 FlashAttention 的 2 倍规则的层，以及差异是舍入误差还是错误。有候选实现超出规则时退出状态为 3。",
+    ("verify", "model"): "本地模型文件夹（config.json、权重、分词器文件）",
+    ("verify", "--text"): "一段输入文本（可重复，组成一个批；默认两句长度不同的句子，使批含填充）",
+    ("verify", "--dtype"): "eager、sdpa 和 attnlab 运行时的浮点类型（默认 float32）",
+    ("verify", "--padding-side"): "在哪一侧填充（默认：分词器的设置）",
+    ("verify", "--json"): "以 JSON 打印报告",
+    ("verify", "--lang"): "输出语言",
     # lens
     ("lens", ""): "哪些注意力头重要：消融、头的重要性与注意力展开（rollout）",
     ("lens", "description"): "用 attnlab 自己的注意力在 TEXT（以及 --pair 给出的另一段文本）上运行预训练 BERT（默认是随包提供的 all-MiniLM-L6-v2）：逐个把每个头、每一层置零，测量与原模型的余弦一致度下降；按 Michel 等人的重要性 |∂cos/∂ξ| 给头排序；把注意力在各层上展开。--study 在随 attnlab 提供的中英文句子对上做完整的研究。",
@@ -155,6 +164,7 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("bench", "--repeats"): "每个点计时的次数；报告中位数和最小–最大值（默认 5）",
     ("bench", "--min-time"): "每个样本至少持续这么久；更快的调用会循环执行（默认 0.05，--quick 时 0.01）",
     ("bench", "--seed"): "输入和模型的种子（默认 0）",
+    ("bench", "--cpu-time"): "与 --roofline 一起使用：按进程的 CPU 时间而不是墙钟时间计时（在与他人共用的机器上，单线程时更稳定）",
     ("bench", "--roofline"): "改为测量本机峰值（sgemm、exp、内存带宽）以及每条注意力路径达到其受限上限的比例（约 30 秒；--quick：极小规模）",
     ("bench", "--lengths"): "序列长度 T = S（默认 256,512,1024,2048,4096；--quick 时 128,256,512）",
     ("bench", "--contenders"): "用逗号分隔，可选 numpy_naive、numpy_flash、torch_naive、torch_sdpa、attnlab_torch（默认全部）",

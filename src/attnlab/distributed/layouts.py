@@ -71,6 +71,7 @@ def padded_length(T: int, *, world_size: int, layout: Layout) -> int:
     thrown away by the caller).
     """
     chunks = _chunks(check_layout(layout), check_positive_int(world_size, "world_size"))
+    T = check_positive_int(T, "T", allow_zero=True)
     return -(-T // chunks) * chunks
 
 
@@ -155,6 +156,11 @@ def unshard(parts: Sequence[Any], *, layout: Layout, dim: int = -2) -> Any:
                            f"got {describe(parts)}")
     W = len(parts)
     first = parts[0]
+    for r, part in enumerate(parts):  # one kind for all: np.concatenate / torch.cat need it
+        if not hasattr(part, "shape") or (isinstance(part, np.ndarray)
+                                          != isinstance(first, np.ndarray)):
+            raise AttnlabError(msg("ring.unshard_kind", index=r, kind=type(first).__name__,
+                                   got=describe(part)))
     axis = _dim(first.ndim, dim, "parts[0]")
     for r, part in enumerate(parts):
         if tuple(part.shape) != tuple(first.shape):

@@ -7,7 +7,10 @@ Three peaks are measured first, with the same threads as the paths:
 - **memory bandwidth**: GB/s of ``np.copyto`` between two buffers far larger than the
   last-level cache, counted as STREAM counts a copy (bytes read + bytes written).
 
-Each path is then timed (median of ``repeats`` interleaved samples) and given the
+Each path is then timed (median of ``repeats`` interleaved samples; wall time, or
+with ``cpu_time`` the process's CPU time, the steadier figure at one thread on a
+machine shared with other work, which at more threads also counts threads that
+spin while they wait) and given the
 three lower bounds on its time that the peaks imply: FLOPs / sgemm peak,
 exponentials / exp rate and compulsory bytes / bandwidth. The largest is the bound
 that limits it (a roofline with an extra ceiling for exp, which attention needs
@@ -67,6 +70,7 @@ class RooflineConfig:
     window_len: int = 4096  # sliding window: T = S, causal
     window: int = 256  # keys each query sees (itself and window - 1 before)
     decode_context: int = 16384  # tokens in the KV cache: K and V are 64 MiB at H 8, D 64
+    cpu_time: bool = False  # time by the process's CPU time instead of wall time
 
     @classmethod
     def quick(cls, **overrides: Any) -> RooflineConfig:
@@ -138,11 +142,15 @@ class RooflineResult:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def _best_rate(fn: Callable[[], Any], work: float, repeats: int) -> float:
+def _clock(config: RooflineConfig) -> Callable[[], float]:
+    return time.process_time if config.cpu_time else time.perf_counter
+
+
+def _best_rate(fn: Callable[[], Any], work: float, config: RooflineConfig) -> float:
     """work / the fastest of ``repeats`` samples of ``fn`` (a peak: the best the machine
     does, not the typical)."""
     fn()
-    return work / min(time_call(fn) for _ in range(max(repeats, 3)))
+    return work / min(time_call(fn, clock=_clock(config)) for _ in range(max(config.repeats, 3)))
 
 
 def measure_peaks(config: RooflineConfig) -> Peaks:
@@ -151,17 +159,17 @@ def measure_peaks(config: RooflineConfig) -> Peaks:
     n = config.gemm_n
     a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     product = np.empty((n, n), dtype=np.float32)
-    gemm = _best_rate(lambda: np.matmul(a, b, out=product), 2.0 * n**3, config.repeats)
+    gemm = _best_rate(lambda: np.matmul(a, b, out=product), 2.0 * n**3, config)
     x = rng.uniform(-10.0, 0.0, config.exp_elements).astype(np.float32)
     y = np.empty_like(x)
     # Many calls per sample: one call on a cached buffer is only microseconds.
     calls = max(1, 2**22 // config.exp_elements)
     exp_rate = _best_rate(lambda: [np.exp(x, out=y) for _ in range(calls)],
-                          float(calls * x.size), config.repeats)
+                          float(calls * x.size), config)
     count = config.copy_bytes // _ITEM
     src = np.ones(count, dtype=np.float32)
     dst = np.zeros(count, dtype=np.float32)
-    bandwidth = _best_rate(lambda: np.copyto(dst, src), 2.0 * count * _ITEM, config.repeats)
+    bandwidth = _best_rate(lambda: np.copyto(dst, src), 2.0 * count * _ITEM, config)
     return Peaks(gemm / 1e9, exp_rate, bandwidth / 1e9)
 
 
@@ -263,7 +271,8 @@ def run_roofline(config: RooflineConfig | None = None) -> RooflineResult:
         for path in paths:
             path.call()  # warm-up; the decode step appends a token, as every call does
         # min_time 0: each sample is one call (a decode step appends one token per call).
-        timings = interleaved({p.name: p.call for p in paths}, config.repeats)
+        timings = interleaved({p.name: p.call for p in paths}, config.repeats,
+                              clock=_clock(config))
     records = []
     for p in paths:
         t = timings[p.name]

@@ -25,8 +25,9 @@ __all__ = ["WORDS", "format_roofline", "roofline_figure", "write_roofline"]
 
 WORDS: dict[str, dict[str, str]] = {
     "en": {
-        "title": "attnlab bench --roofline · {threads} thread(s) · median of {repeats} runs · "
-                 "{seconds:.1f} s · load average {load}",
+        "title": "attnlab bench --roofline · {threads} thread(s) · {clock} · median of "
+                 "{repeats} runs · {seconds:.1f} s · load average {load}",
+        "wall": "wall time", "cpu": "CPU time",
         "peaks": "Peaks of this machine: sgemm {gemm:.1f} GFLOP/s · exp {exp:.2f} G/s · "
                  "memory bandwidth {bw:.1f} GB/s",
         "path": "path", "size": "size", "ms": "ms", "gflops": "GFLOP/s", "gbs": "GB/s",
@@ -41,8 +42,9 @@ WORDS: dict[str, dict[str, str]] = {
         "roof_exp": "exp ceiling at 4·D FLOPs per exp (D = {d})",
     },
     "zh": {
-        "title": "attnlab bench --roofline · {threads} 个线程 · {repeats} 次运行的中位数 · "
-                 "{seconds:.1f} 秒 · 负载均值 {load}",
+        "title": "attnlab bench --roofline · {threads} 个线程 · {clock} · {repeats} 次运行的"
+                 "中位数 · {seconds:.1f} 秒 · 负载均值 {load}",
+        "wall": "墙钟时间", "cpu": "CPU 时间",
         "peaks": "本机峰值：sgemm {gemm:.1f} GFLOP/s · exp {exp:.2f} G/s · "
                  "内存带宽 {bw:.1f} GB/s",
         "path": "路径", "size": "规模", "ms": "毫秒", "gflops": "GFLOP/s", "gbs": "GB/s",
@@ -71,6 +73,7 @@ def format_roofline(result: RooflineResult, lang: Lang = "en") -> str:
         f"{x:.2f}" for x in result.load_average)
     lines = [
         words["title"].format(threads=cfg.threads, repeats=cfg.repeats,
+                              clock=words["cpu" if cfg.cpu_time else "wall"],
                               seconds=result.seconds, load=load),
         words["peaks"].format(gemm=peaks.gemm_gflops, exp=peaks.exp_per_second / 1e9,
                               bw=peaks.bandwidth_gbs),

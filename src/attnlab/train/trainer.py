@@ -317,7 +317,7 @@ def evaluate(
     correct = torch.zeros(len(inputs), dtype=torch.bool)  # (N,)
     try:
         with torch.no_grad(), model.ablate(ablate, mode, reference=inputs if ablate and
-                                           mode == "mean" else None):
+                                           mode == "mean" else None, name="ablate"):
             for first in range(0, len(inputs), batch):
                 ids, tgt = inputs[first:first + batch], targets[first:first + batch]
                 logits = model(ids)  # (b, T, V)
