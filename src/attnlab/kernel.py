@@ -311,11 +311,8 @@ def check_alibi_range(slope_max: float, T: int, S: int, dtype: Any) -> None:
     limit = float(np.finfo(dtype).max) / 4
     reach = slope_max * max(T + S, 1)  # Python floats: inf on overflow, no exception
     if not reach < limit:
-        raise AttnlabError(
-            f"alibi_slopes: expected |slope|·(T + S) below {limit:.3g} (a quarter of "
-            f"{np.dtype(dtype)}'s largest value) so that the bias -slope·|i' - j| stays "
-            f"finite, got max|slope| = {slope_max:.3g} with T + S = {T + S}"
-        )
+        raise AttnlabError(msg("kernel.alibi_range", limit=f"{limit:.3g}", dtype=np.dtype(dtype),
+                               slope=f"{slope_max:.3g}", length=T + S))
 
 
 def alibi_max(slopes: np.ndarray | None, T: int, S: int) -> float:

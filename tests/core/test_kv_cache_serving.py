@@ -345,8 +345,9 @@ def test_block_allocator_refuses_a_block_given_back_twice_or_outside_the_pool():
     taken = pool.allocate(2, "k")
     pool.release(taken)
     with pytest.raises(AttnlabError, match="blocks: expected blocks in use, got 1, which is "
-                                           r"already free \(given back twice\)"):
+                                           r"already free \(given back twice\)") as raised:
         pool.release([1])
+    assert raised.value.message.render("zh").startswith("blocks：需要正在使用的块，实际得到 1")
     with pytest.raises(AttnlabError, match="blocks: expected blocks in use, got 3"):
         pool.release([3])  # never handed out
     for bad in (4, -1, 2.0, True):

@@ -29,7 +29,7 @@ ARCHITECTURES = ENCODERS + DECODERS
 
 def reference_implementation(arch: str) -> str:
     """transformers' own fused attention for ``arch``: sdpa, or eager where there is none."""
-    return "eager" if arch == "gpt_oss" else "sdpa"
+    return "eager" if arch in ("gpt_oss", "gemma2") else "sdpa"
 
 
 def minilm_path() -> Path:

@@ -21,7 +21,7 @@ from attnlab.cli.help_zh import HELP_ZH
 
 COMMANDS = ["explain", "draw", "profile", "approx", "bench"]
 #: Commands whose --help is judged too (their runs are covered by their own tests).
-HELP_ONLY = ["inspect", "lens", "train", "ring"]
+HELP_ONLY = ["inspect", "lens", "train", "ring", "verify"]
 
 
 def _run(capsys, argv):

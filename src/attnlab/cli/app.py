@@ -17,6 +17,7 @@ from ..messages import Message, msg, render_error
 from . import approx, bench, draw, explain, inspect, profile, train
 from . import lens as lens_command
 from . import ring as ring_command
+from . import verify as verify_command
 from .args import CliError, Parser
 from .help_zh import localize_parser, wants_chinese
 
@@ -36,6 +37,7 @@ COMMANDS = {
     "draw": draw,
     "train": train,
     "ring": ring_command,
+    "verify": verify_command,
 }
 
 

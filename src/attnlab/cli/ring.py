@@ -101,8 +101,7 @@ def _settings(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     if args.out is not None and not args.simulate:  # it used to be ignored without a word
-        raise CliError(f"--out: expected --simulate with it (the measured ring writes no "
-                       f"files; --json prints its numbers as JSON), got --out {args.out} alone")
+        raise CliError(msg("ring.out_needs_simulate"))
     settings = _settings(args)
     folder = prepare_out_dir(args.out) if args.out is not None else None
     if args.simulate:

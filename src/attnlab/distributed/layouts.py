@@ -159,8 +159,8 @@ def unshard(parts: Sequence[Any], *, layout: Layout, dim: int = -2) -> Any:
     for r, part in enumerate(parts):  # one kind for all: np.concatenate / torch.cat need it
         if not hasattr(part, "shape") or (isinstance(part, np.ndarray)
                                           != isinstance(first, np.ndarray)):
-            raise AttnlabError(f"parts[{r}]: expected a shard of the kind of parts[0] "
-                               f"({type(first).__name__}), got {describe(part)}")
+            raise AttnlabError(msg("ring.unshard_kind", index=r, kind=type(first).__name__,
+                                   got=describe(part)))
     axis = _dim(first.ndim, dim, "parts[0]")
     for r, part in enumerate(parts):
         if tuple(part.shape) != tuple(first.shape):

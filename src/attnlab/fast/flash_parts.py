@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
+from ..messages import msg
 from . import flash_tiles
 from .flash_tiles import ScoreUnits, Tiles
 
@@ -104,13 +105,8 @@ def check_weighable(lse1: np.ndarray, lse2: np.ndarray, dtype: np.dtype) -> None
                    & (np.spacing(top) > 4 * np.finfo(dtype).eps))  # (..., T)
     if unknown.any():
         row = tuple(int(i) for i in np.argwhere(unknown)[0])
-        raise AttnlabError(
-            f"lse1, lse2: expected log-sum-exps that can weigh the two parts, got "
-            f"{lse1[row]:.6g} and {lse2[row]:.6g} at row {row}: a finite fill this large "
-            "over a whole row leaves each part's key count below float64's rounding of "
-            "its lse; mask those keys with a boolean mask (an empty part has lse -inf and "
-            "merges exactly) or use a fill of magnitude at most 1e6"
-        )
+        raise AttnlabError(msg("flash.merge_unweighable", lse1=f"{lse1[row]:.6g}",
+                               lse2=f"{lse2[row]:.6g}", row=row))
 
 
 def split_lse(lse: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

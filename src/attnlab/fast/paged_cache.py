@@ -52,6 +52,7 @@ from ..errors import (
     describe,
 )
 from ..kernel import abs_max, attend, check_score_range
+from ..messages import msg
 from ..shapes import check_cache_query_shape, check_kv_shapes
 from .kv_cache import cast_checked, compute_dtype_of, storage_dtype
 
@@ -101,11 +102,10 @@ class BlockAllocator:
         for block in blocks:
             if (not isinstance(block, (int, np.integer)) or isinstance(block, bool)
                     or not 0 <= block < self.num_blocks):
-                raise AttnlabError(f"blocks: expected block ids in 0..{self.num_blocks - 1} "
-                                   f"(this pool's), got {block!r}")
+                raise AttnlabError(msg("paged.block_id", last=self.num_blocks - 1,
+                                       got=repr(block)))
             if block in free or block in seen:
-                raise AttnlabError(f"blocks: expected blocks in use, got {int(block)}, which "
-                                   "is already free (given back twice)")
+                raise AttnlabError(msg("paged.block_free", block=int(block)))
             seen.add(int(block))
         self._free.extend(int(b) for b in reversed(blocks))
 

@@ -68,6 +68,7 @@ from ..errors import (
 )
 from ..kernel import abs_max, attend, check_score_range, check_softcap, low_precision_dtype
 from ..masks import band_mask
+from ..messages import msg
 from ..shapes import attention_band, check_window_pair
 from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention, flash_attention_backward
 from .flash_parts import as_forward
@@ -146,8 +147,7 @@ def cu_seqlens_from_lengths(lengths: Any) -> np.ndarray:  # (B,) -> (B + 1,) int
         raise AttnlabError(f"lengths: expected lengths >= 0, got {int(arr.min())}")
     total = sum(int(n) for n in arr.tolist())  # Python ints: np.cumsum would wrap negative
     if total > np.iinfo(np.int64).max:
-        raise AttnlabError(f"lengths: expected a total length that fits int64 (at most "
-                           f"{np.iinfo(np.int64).max}), got {total}")
+        raise AttnlabError(msg("varlen.total_int64", limit=np.iinfo(np.int64).max, got=total))
     return np.concatenate([[0], np.cumsum(arr, dtype=np.int64)]).astype(np.int64)
 
 

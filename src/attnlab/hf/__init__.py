@@ -24,5 +24,6 @@ except ImportError as error:
 
 from .attention import BACKENDS
 from .register import register, registered_backend
+from .verify import VerifyReport, verify
 
-__all__ = ["BACKENDS", "register", "registered_backend"]
+__all__ = ["BACKENDS", "VerifyReport", "register", "registered_backend", "verify"]

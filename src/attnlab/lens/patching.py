@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError
+from ..messages import msg
 from .ablation import check_heads
 from .hooks import check_model, hooked
 from .runs import Activations, record, sentence_embeddings
@@ -103,7 +104,7 @@ def _positions(positions: Any, T: int) -> np.ndarray:
     except (TypeError, ValueError):
         raise AttnlabError(f"positions: expected token indices, got {positions!r}") from None
     if not exact:
-        raise AttnlabError(f"positions: expected whole token indices, got {positions!r}")
+        raise AttnlabError(msg("lens.whole_positions", got=repr(positions)))
     bad = [p for p in chosen if not 0 <= p < T]
     if bad or not chosen:
         raise AttnlabError(f"positions: expected token indices in 0..{T - 1}, got "

@@ -58,6 +58,11 @@ from ..shapes import (
 from . import debug
 from .checks import as_bool_tensor, as_float_tensor, check_same_device, check_tensor_alloc
 
+#: torch's own fused attention, bound once: code that swaps the global
+#: (``F.scaled_dot_product_attention = compat.scaled_dot_product_attention``, the
+#: usual way to route a model through attnlab) must not make attnlab call itself.
+TORCH_SDPA = F.scaled_dot_product_attention
+
 __all__ = [
     "AttentionInputs",
     "check_inputs",
@@ -382,8 +387,7 @@ def _fused_with_sinks(
         scores_mask = scores_mask.masked_fill(~allowed, float("-inf"))
     sink_column = sinks.to(q.dtype)[:, None, None].expand(*batch, T, 1)  # (..., H, T, 1)
     attn_mask = torch.cat([scores_mask, sink_column], dim=-1)  # (..., H, T, S + 1)
-    return F.scaled_dot_product_attention(q, k_ext, v_ext, attn_mask=attn_mask,
-                                          dropout_p=dropout_p, scale=scale)
+    return TORCH_SDPA(q, k_ext, v_ext, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
 
 
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -464,7 +468,7 @@ def _fused(
         # A (S,) or () mask broadcasts to (..., T, S) like any other, but the fused
         # kernel reads its dim -2: give it one.
         attn_mask = attn_mask.reshape((1,) * (2 - attn_mask.ndim) + tuple(attn_mask.shape))
-    out = F.scaled_dot_product_attention(
+    out = TORCH_SDPA(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )  # (..., T, Dv)
     if attn_mask is not None and not (CPU_FUSED_ZEROES_EMPTY_ROWS and q.device.type == "cpu"):

@@ -37,6 +37,7 @@ from torch import nn
 
 from ..errors import AttnlabError, check_flag, check_positive_int
 from ..hooks import HookSite
+from ..messages import msg
 from ..torch import LayerNorm, MultiHeadAttention, PositionalEncoding
 
 __all__ = ["POSITIONS", "ModelConfig", "Decoder", "Block", "AblationMode"]
@@ -278,8 +279,7 @@ class Decoder(nn.Module):
         for item in heads:
             if not (isinstance(item, tuple | list) and len(item) == 2 and all(
                     isinstance(i, Integral) and not isinstance(i, bool) for i in item)):
-                raise AttnlabError(f"{name}: expected (layer, head) pairs of ints, got "
-                                   f"{item!r}")
+                raise AttnlabError(msg("train.head_pairs", name=name, got=repr(item)))
             pairs.append((int(item[0]), int(item[1])))
         for layer, head in pairs:
             if not (0 <= layer < L and 0 <= head < H):
