@@ -34,6 +34,15 @@ choose the defaults.
     .venv/bin/python benchmarks/bench_flash.py --blocks 128x256 256x512 512x512
     .venv/bin/python benchmarks/bench_flash.py --options --seq 2048
 
+``--backward``: ``attnlab.flash_attention_backward`` against torch's flash
+backward (``torch.autograd.grad`` through the same 4-D SDPA call, its graph
+kept), both given the forward's results, at B = 1, H = 8, T = S = ``--seq``
+(2048 unless set), D = 64; FLOPs counted as FlashAttention's benchmarks count
+them, backward = 2.5 × forward. Gradients are checked to agree first.
+Target: >= 0.9x torch.
+
+    .venv/bin/python benchmarks/bench_flash.py --backward --threads 2 --causal
+
 ``--options``: causal flash alone against causal flash with a soft cap, ALiBi
 slopes, top-left alignment and a window of 512 keys (whose skipped tiles make
 it faster), interleaved; the time of each as a multiple of causal's.
@@ -53,7 +62,12 @@ from collections.abc import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from attnlab.fast.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention
+from attnlab.fast.flash import (
+    DEFAULT_BLOCK_K,
+    DEFAULT_BLOCK_Q,
+    flash_attention,
+    flash_attention_backward,
+)
 
 
 def forward_flops(B: int, H: int, T: int, S: int, D: int, causal: bool) -> float:
@@ -124,6 +138,50 @@ def versus_torch(args: argparse.Namespace) -> None:
                  for i in (0, 1))
     print(f"throughput ratio flash / torch SDPA = {wall[1] / wall[0]:.2f}x (target >= 0.8x); "
           f"by CPU time {cpu[1] / cpu[0]:.2f}x")
+
+
+def versus_torch_backward(args: argparse.Namespace) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    B, H, T, D = 1, args.heads, args.seq, args.dim
+    rng = np.random.default_rng(0)
+    q, k, v, dout = (rng.standard_normal((B, H, T, D), dtype=np.float32) for _ in range(4))
+    torch.set_num_threads(args.threads)
+    tq, tk, tv = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
+    tout = F.scaled_dot_product_attention(tq, tk, tv, is_causal=args.causal)  # (B, H, T, D)
+    tdout = torch.from_numpy(dout)
+    backend = tout.grad_fn.name() if tout.grad_fn is not None else "?"
+
+    with threadpool_limits(limits=args.threads, user_api="blas"):
+        out, lse = flash_attention(q, k, v, is_causal=args.causal, return_lse=True,
+                                   num_threads=args.threads)
+
+        def run_flash() -> tuple[np.ndarray, ...]:
+            return flash_attention_backward(q, k, v, out, lse, dout, is_causal=args.causal,
+                                            num_threads=args.threads)
+
+        def run_torch() -> tuple[torch.Tensor, ...]:
+            return torch.autograd.grad(tout, (tq, tk, tv), tdout, retain_graph=True)
+
+        gap = max(float(np.abs(mine - theirs.numpy()).max())
+                  for mine, theirs in zip(run_flash(), run_torch(), strict=True))
+        if gap > 1e-4:
+            sys.exit(f"gradients disagree: max |flash - torch| = {gap:.2e}")
+        times = interleaved({"attnlab flash_attention_backward": run_flash,
+                             f"torch SDPA backward ({backend})": run_torch}, args.repeats)
+
+    flops = 2.5 * forward_flops(B, H, T, T, D, args.causal)
+    print(f"backward, float32, B={B} H={H} T=S={T} D={D}{' causal' if args.causal else ''}, "
+          f"{args.threads} thread(s), {args.repeats} interleaved runs, "
+          f"tiles {DEFAULT_BLOCK_Q}x{DEFAULT_BLOCK_K}, max |diff| of dq, dk, dv {gap:.1e}")
+    print(f"  numpy {np.__version__}, torch {torch.__version__}, {platform.processor() or 'cpu'}")
+    report(times, flops)
+    wall, cpu = ([statistics.median(run[i] for run in runs) for runs in times.values()]
+                 for i in (0, 1))
+    best = [min(w for w, _ in runs) for runs in times.values()]
+    print(f"throughput ratio flash / torch backward = {wall[1] / wall[0]:.2f}x (target >= 0.9x); "
+          f"by CPU time {cpu[1] / cpu[0]:.2f}x; fastest runs {best[1] / best[0]:.2f}x")
 
 
 def long_sequence(args: argparse.Namespace) -> None:
@@ -206,7 +264,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=4096, help="T = S for the torch comparison")
+    parser.add_argument("--seq", type=int, help="T = S for the torch comparison "
+                        "(default 4096, 2048 with --backward)")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--long", action="store_true", help="T = S = --long-seq, one head")
@@ -214,8 +273,14 @@ def main() -> None:
     parser.add_argument("--blocks", nargs="+", metavar="QxK", help="sweep tile sizes instead")
     parser.add_argument("--options", action="store_true",
                         help="the cost of softcap, ALiBi slopes, alignment and a window")
+    parser.add_argument("--backward", action="store_true",
+                        help="flash_attention_backward vs torch's flash backward")
     args = parser.parse_args()
-    if args.options:
+    if args.seq is None:
+        args.seq = 2048 if args.backward else 4096
+    if args.backward:
+        versus_torch_backward(args)
+    elif args.options:
         option_costs(args)
     elif args.long:
         long_sequence(args)

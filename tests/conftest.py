@@ -11,6 +11,9 @@
   ``numerics`` marker: their results depend on the BLAS kernel and the thread
   counts, so ``pytest -m numerics`` selects them.
 
+- tests/hf (attnlab inside Hugging Face models) compares torch with torch, so it is
+  not a numerics tier; its own conftest sets the hub offline and registers attnlab.
+
 Nothing here needs more than NumPy and pytest: tests/core runs without torch.
 """
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from .messages import Message, msg
+
 __all__ = [
     "AttnlabError",
     "ShapeError",
@@ -37,6 +39,7 @@ __all__ = [
     "make_folder",
     "MAX_ELEMENTS",
     "missing_extra",
+    "MissingExtraError",
 ]
 
 #: The most elements attnlab allocates for one array whose size comes from an
@@ -54,9 +57,20 @@ class AttnlabError(ValueError):
     It is a ``ValueError`` so that code which already catches ``ValueError``
     keeps working. Its message is one line: a received value whose repr spans
     several (an array, a tensor) is joined onto it.
+
+    Raise it with a keyed message, ``AttnlabError(msg("check.flag", name=..., got=...))``
+    (see :mod:`attnlab.messages`): ``str(error)`` is the English and ``error.message``
+    the :class:`~attnlab.messages.Message`, which the command line renders in the
+    language of ``--lang``. A plain string is still accepted (``message`` is then None).
     """
 
+    message: Message | None
+
     def __init__(self, *args: Any) -> None:
+        self.message = None
+        if args and isinstance(args[0], Message):
+            self.message = args[0]
+            args = (args[0].render("en"), *args[1:])
         if args and isinstance(args[0], str) and "\n" in args[0]:
             args = (" ".join(line.strip() for line in args[0].splitlines()), *args[1:])
         super().__init__(*args)
@@ -94,39 +108,35 @@ def as_float_array(x: Any, name: str, *, allow_nonfinite: bool = False) -> np.nd
       through every softmax row it touches).
     """
     if x is None:
-        raise AttnlabError(f"{name}: expected an array, got None")
-    arr = as_array(x, name, "a numeric array")
+        raise AttnlabError(msg("check.none", name=name))
+    arr = as_array(x, name, msg("check.what.numeric_array"))
     if arr.dtype == np.bool_:
-        raise AttnlabError(f"{name}: expected a numeric array, got dtype bool")
+        raise AttnlabError(msg("check.dtype_bool", name=name))
     if np.issubdtype(arr.dtype, np.integer):
         arr = arr.astype(np.float64)
     elif arr.dtype == np.float16 or arr.dtype.name == "bfloat16":  # ml_dtypes' bfloat16
         arr = arr.astype(np.float32)
     elif not np.issubdtype(arr.dtype, np.floating) or arr.dtype.itemsize > 8:
-        raise AttnlabError(
-            f"{name}: expected a real float or integer array, got dtype {arr.dtype}"
-        )
+        raise AttnlabError(msg("check.dtype_real", name=name, dtype=arr.dtype))
     if not allow_nonfinite:
         check_finite(arr, name)
     return arr
 
 
-def as_array(x: Any, name: str, what: str = "an array") -> np.ndarray:
+def as_array(x: Any, name: str, what: str | Message | None = None) -> np.ndarray:
     """``np.asarray(x)``, with a ragged nested list reported as an AttnlabError naming ``name``.
 
     A torch tensor that requires grad cannot become a NumPy array (NumPy would
     drop its graph): that is said here, with the two ways out.
     """
     if getattr(x, "requires_grad", False) is True and hasattr(x, "detach"):
-        raise AttnlabError(
-            f"{name}: expected a NumPy array, got a {type(x).__name__} that requires grad; "
-            f"pass {name}.detach() to the NumPy core, or use attnlab.torch to keep the gradient"
-        )
+        raise AttnlabError(msg("check.requires_grad", name=name, type=type(x).__name__))
     try:
         return np.asarray(x)
     except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
         # ragged nested lists; tensors that NumPy cannot read (another device, meta)
-        raise AttnlabError(f"{name}: could not be read as {what} ({exc})") from None
+        raise AttnlabError(msg("check.unreadable", name=name, detail=exc,
+                               what=msg("check.what.array") if what is None else what)) from None
 
 
 def check_finite(arr: np.ndarray, name: str) -> None:
@@ -136,26 +146,23 @@ def check_finite(arr: np.ndarray, name: str) -> None:
         bad = np.argwhere(~finite)
         first = tuple(int(i) for i in bad[0])
         kind = "NaN" if np.isnan(arr[first]) else "Inf"
-        raise AttnlabError(
-            f"{name}: expected finite values, got {len(bad)} non-finite "
-            f"(first: {kind} at index {first})"
-        )
+        raise AttnlabError(msg("check.finite", name=name, count=len(bad), kind=kind, index=first))
 
 
 def check_ndim(arr: np.ndarray, name: str, min_ndim: int, layout: str) -> None:
     """Require at least ``min_ndim`` dimensions; ``layout`` is the expected shape in words."""
     if arr.ndim < min_ndim:
-        raise ShapeError(f"{name}: expected {layout}, got {shape_str(arr.shape)}")
+        raise ShapeError(msg("check.ndim", name=name, layout=layout, shape=shape_str(arr.shape)))
 
 
 def check_positive_int(value: Any, name: str, *, allow_zero: bool = False) -> int:
     """Return ``value`` as an int, or raise if it is not a (strictly) positive integer."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise AttnlabError(f"{name}: expected an integer, got {type(value).__name__} "
-                           f"{describe(value)}")
+        raise AttnlabError(msg("check.integer", name=name, type=type(value).__name__,
+                               got=describe(value)))
     low = 0 if allow_zero else 1
     if value < low:
-        raise AttnlabError(f"{name}: expected an integer >= {low}, got {value}")
+        raise AttnlabError(msg("check.integer_at_least", name=name, low=low, got=value))
     return int(value)
 
 
@@ -168,10 +175,8 @@ def check_broadcastable(
     except ValueError:
         result = None
     if result != tuple(target):
-        raise ShapeError(
-            f"{name}: expected a shape broadcastable to {layout} = {shape_str(target)}, "
-            f"got {shape_str(shape)}"
-        )
+        raise ShapeError(msg("check.broadcast", name=name, layout=layout,
+                             target=shape_str(target), shape=shape_str(shape)))
 
 
 def check_flag(value: Any, name: str) -> bool:
@@ -181,7 +186,7 @@ def check_flag(value: Any, name: str) -> bool:
     report, not a request for weights.
     """
     if not isinstance(value, (bool, np.bool_)):
-        raise AttnlabError(f"{name}: expected True or False, got {describe(value)}")
+        raise AttnlabError(msg("check.flag", name=name, got=describe(value)))
     return bool(value)
 
 
@@ -196,10 +201,10 @@ def check_scale(scale: Any, D: int, name: str = "scale") -> float:
     if isinstance(scale, (bool, np.bool_)) or not isinstance(
         scale, (int, float, np.integer, np.floating)
     ):
-        raise AttnlabError(f"{name}: expected a real number or None, got {describe(scale)}")
+        raise AttnlabError(msg("check.scale_type", name=name, got=describe(scale)))
     value = float(scale)
     if not math.isfinite(value):
-        raise AttnlabError(f"{name}: expected a finite number, got {value}")
+        raise AttnlabError(msg("check.scale_finite", name=name, got=value))
     return value
 
 
@@ -209,11 +214,8 @@ def check_text(text: str, name: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise AttnlabError(
-            f"{name}: expected text that can be written as UTF-8, got {text!r} with the lone "
-            f"surrogate {text[exc.start]!r} at index {exc.start} (undecodable bytes?); "
-            "decode the bytes with errors='replace' first"
-        ) from None
+        raise AttnlabError(msg("check.utf8", name=name, got=repr(text),
+                               char=repr(text[exc.start]), index=exc.start)) from None
     return text
 
 
@@ -236,11 +238,9 @@ def check_alloc(shape: Sequence[int], dtype: Any, what: str, name: str) -> None:
         itemsize = np.dtype(dtype).itemsize
     except (TypeError, ValueError, UnicodeError):  # a torch dtype
         itemsize = int(getattr(dtype, "itemsize", 1))
-    raise AttnlabError(
-        f"{name}: {what} = {shape_str(shape)} would hold {count:,} elements "
-        f"({count * itemsize / 2**30:,.1f} GiB), more than attnlab's limit of "
-        f"{MAX_ELEMENTS:,} (attnlab.errors.MAX_ELEMENTS); use smaller sizes"
-    )
+    raise AttnlabError(msg("check.alloc", name=name, what=what, shape=shape_str(shape),
+                           count=f"{count:,}", gib=f"{count * itemsize / 2**30:,.1f}",
+                           limit=f"{MAX_ELEMENTS:,}"))
 
 
 def make_folder(path: str | os.PathLike[str], name: str) -> Path:
@@ -251,16 +251,16 @@ def make_folder(path: str | os.PathLike[str], name: str) -> Path:
     """
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
-        raise AttnlabError(f"{name}: expected a folder, got {os.fspath(path)!r}, which is a file")
+        raise AttnlabError(msg("check.folder_is_file", name=name, path=repr(os.fspath(path))))
     blocking = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
-        raise AttnlabError(f"{name}: cannot create the folder {os.fspath(path)!r}: "
-                           f"{os.fspath(blocking)!r} is a file")
+        raise AttnlabError(msg("check.folder_blocked", name=name, path=repr(os.fspath(path)),
+                               blocking=repr(os.fspath(blocking))))
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise AttnlabError(f"{name}: cannot create the folder {os.fspath(path)!r} "
-                           f"({exc.strerror or exc})") from None
+        raise AttnlabError(msg("check.folder_failed", name=name, path=repr(os.fspath(path)),
+                               detail=exc.strerror or exc)) from None
     return folder
 
 
@@ -274,18 +274,19 @@ def as_bool_mask(mask: Any, name: str = "mask") -> np.ndarray:
     """
     arr = as_array(mask, name)
     if arr.dtype != np.bool_:
-        raise AttnlabError(
-            f"{name}: expected a bool array (True = may attend), got dtype {arr.dtype}. "
-            "For a 0/1 mask use attnlab.masks.from_keep(m) (1 = may attend) or "
-            "attnlab.masks.from_blocked(m) (1 = blocked, as in seed 000); "
-            "additive values belong in bias="
-        )
+        raise AttnlabError(msg("check.bool_mask", name=name, dtype=arr.dtype))
     return arr
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency is not installed; ``message`` says which extra to install."""
+
+    def __init__(self, message: Message) -> None:
+        super().__init__(message.render("en"))
+        self.message = message
 
 
 def missing_extra(module: str, extra: str, feature: str) -> ImportError:
     """The error raised when an optional dependency is not installed."""
-    return ImportError(
-        f"{feature} needs the '{module}' package, which is not installed. "
-        f"Install it with: pip install 'attnlab[{extra}]'"
-    )
+    return MissingExtraError(msg("check.missing_extra", feature=feature, module=module,
+                                 extra=extra))

@@ -101,13 +101,14 @@ class HookSite:
 
     ``site(local, value)`` runs them on ``value`` and returns what the forward
     continues from. Each function is called with the name it was attached under (an
-    inner attachment rooted at a submodule names its points from there).
+    inner attachment rooted at a submodule names its points from there). ``prefix`` is
+    the module's full name with a trailing dot in the latest attachment ("" for its root).
     """
 
-    __slots__ = ("fns",)
+    __slots__ = ("fns", "prefix")
 
-    def __init__(self, fns: dict[str, tuple[tuple[HookFn, str], ...]]):
-        self.fns = fns
+    def __init__(self, fns: dict[str, tuple[tuple[HookFn, str], ...]], prefix: str = ""):
+        self.fns, self.prefix = fns, prefix
 
     def wants(self, local: str) -> bool:
         """Whether a function is attached to the point ``local`` of this module."""
@@ -258,7 +259,7 @@ def attached(model: Any, hooks: Sequence[tuple[str | Callable[[str], bool], Hook
                 if extra:
                     fns[local] = fns.get(local, ()) + tuple((fn, prefix + local) for fn in extra)
             saved.append((module, outer))
-            module.hook_site = HookSite(fns) if fns else None
+            module.hook_site = HookSite(fns, prefix) if fns else None
         yield model
     finally:
         for module, outer in reversed(saved):

@@ -30,6 +30,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from .errors import AttnlabError, check_alloc, check_positive_int
+from .messages import msg
 
 __all__ = [
     "INIT_SCHEMES",
@@ -71,12 +72,11 @@ def as_rng(seed_or_rng: RngLike) -> np.random.Generator:
     if seed_or_rng is None:
         return np.random.default_rng()
     if isinstance(seed_or_rng, bool) or not isinstance(seed_or_rng, (int, np.integer)):
-        raise AttnlabError(
-            "rng: expected a numpy.random.Generator, an int seed >= 0 or None, "
-            f"got {type(seed_or_rng).__name__} {seed_or_rng!r}"
-        )
+        raise AttnlabError(msg("check.rng_type", type=type(seed_or_rng).__name__,
+                               got=repr(seed_or_rng)))
     if seed_or_rng < 0:
-        raise AttnlabError(f"rng: expected an int seed >= 0, got {seed_or_rng}")
+        raise AttnlabError(msg("check.expected_got", name="rng", what=msg("phrase.seed"),
+                               got=seed_or_rng))
     return np.random.default_rng(int(seed_or_rng))
 
 

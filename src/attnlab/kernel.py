@@ -46,10 +46,12 @@ from .errors import (
     check_broadcastable,
     check_flag,
     check_ndim,
+    check_positive_int,
     check_scale,
     shape_str,
 )
 from .masks import band_mask
+from .messages import msg
 from .shapes import Band, attention_band, check_causal_alignment, check_window_pair
 
 __all__ = [
@@ -60,11 +62,14 @@ __all__ = [
     "attend",
     "scaled_scores",
     "attend_with_lse",
+    "alibi_max",
+    "check_alibi_range",
     "check_alibi_slopes",
     "check_dropout",
     "check_softcap",
     "gqa_reduce",
     "check_inputs",
+    "low_precision_dtype",
     "check_key_padding",
     "check_mask_and_bias",
     "check_score_range",
@@ -145,7 +150,7 @@ def check_inputs(
     (flash): no MAX_SCORE_ELEMENTS refusal, and causality, the window and
     ALiBi are left to them (``band``, ``alibi_slopes``).
     """
-    low_precision = _low_precision_dtype(q, k, v)
+    low_precision = low_precision_dtype(q, k, v)
     q_arr = as_float_array(q, "q")
     k_arr = as_float_array(k, "k")
     v_arr = as_float_array(v, "v")
@@ -195,11 +200,12 @@ def check_inputs(
         mask, bias, is_causal, score_shape, dtype, tiled=True
     )
     bias_shape = None if bias_arr is None else tuple(bias_arr.shape)
+    slopes = check_alibi_slopes(alibi_slopes, batch, dtype, T, S)
     check_score_range(
         abs_max(q_arr), abs_max(k_arr), D, scale_value, dtype,
-        bias_max=float(np.max(bias_arr)) if bias_arr is not None and bias_arr.size else 0.0,
+        bias_max=(float(np.max(bias_arr)) if bias_arr is not None and bias_arr.size else 0.0)
+        + alibi_max(slopes, T, S),
     )
-    slopes = check_alibi_slopes(alibi_slopes, batch, dtype)
     offset = S - T if alignment == "bottom_right" else 0
     if not tiled:
         if band is not None:
@@ -215,7 +221,7 @@ def check_inputs(
                            offset)
 
 
-def _low_precision_dtype(*arrays: Any) -> np.dtype | None:
+def low_precision_dtype(*arrays: Any) -> np.dtype | None:
     """float16 (or bfloat16, ml_dtypes') when every input has it: computed in float32 and
     returned in it, as torch does on CPU; else None."""
     dtypes = {getattr(a, "dtype", None) for a in arrays}
@@ -280,17 +286,41 @@ def check_softcap(softcap: Any) -> float | None:
 
 
 def check_alibi_slopes(
-    slopes: Any, batch: tuple[int, ...], dtype: Any
+    slopes: Any, batch: tuple[int, ...], dtype: Any, T: int, S: int
 ) -> np.ndarray | None:
     """ALiBi slopes (H,) or (B, H), FlashAttention's ``alibi_slopes``, broadcasting against
-    the batch dims (..., H): -> (..., H, 1, 1) in ``dtype``, or None."""
+    the batch dims (..., H): -> (..., H, 1, 1) in ``dtype``, or None. Finite, and small
+    enough that the bias -slope·|i' - j| stays finite (:func:`check_alibi_range`)."""
     if slopes is None:
         return None
     arr = as_float_array(slopes, "alibi_slopes")
     if arr.ndim not in (1, 2):
         raise ShapeError(f"alibi_slopes: expected (H,) or (B, H), got {shape_str(arr.shape)}")
     check_broadcastable(arr.shape, batch, "alibi_slopes", "the batch dims (..., H)")
+    check_alibi_range(abs_max(arr), T, S, dtype)
     return arr.astype(dtype, copy=False)[..., None, None]  # (..., H, 1, 1)
+
+
+def check_alibi_range(slope_max: float, T: int, S: int, dtype: Any) -> None:
+    """Refuse ALiBi slopes whose bias -slope·|i' - j| could overflow ``dtype``.
+
+    The distance |i' - j| is below T + S, so max|slope|·(T + S) bounds the
+    bias; it must stay below a quarter of the largest value, which leaves room
+    for the scores and a fill added to it. Real slopes (2^-8h/H) are < 1.
+    """
+    limit = float(np.finfo(dtype).max) / 4
+    reach = slope_max * max(T + S, 1)  # Python floats: inf on overflow, no exception
+    if not reach < limit:
+        raise AttnlabError(msg("kernel.alibi_range", limit=f"{limit:.3g}", dtype=np.dtype(dtype),
+                               slope=f"{slope_max:.3g}", length=T + S))
+
+
+def alibi_max(slopes: np.ndarray | None, T: int, S: int) -> float:
+    """The largest value ALiBi's bias can add to a score: -min(slope)·(T + S) if a slope is
+    negative, else 0 (checked slopes (..., 1, 1) or None)."""
+    if slopes is None or not slopes.size:
+        return 0.0
+    return max(0.0, -float(np.min(slopes))) * (T + S)
 
 
 def alibi_tile(
@@ -361,7 +391,7 @@ def check_dropout(
             "dropout_mask), got None: attnlab draws no hidden random numbers"
         )
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
-        rng = np.random.default_rng(int(rng))
+        rng = np.random.default_rng(check_positive_int(rng, "rng", allow_zero=True))
     if not isinstance(rng, np.random.Generator):
         raise AttnlabError(f"rng: expected a np.random.Generator or an int seed, got {rng!r}")
     keep = rng.random(score_shape) >= p  # (..., T, S) True = kept
@@ -438,23 +468,15 @@ def check_score_range(
     scale = abs(float(scale))
     raw = q_max * k_max * D  # Python floats: inf on overflow, no exception
     bound = raw * scale
-    advice = "scale q and k down" + ("" if np.dtype(dtype) == np.float64 else
-                                     ", or compute in float64")
+    advice = msg("kernel.advice" if np.dtype(dtype) == np.float64 else "kernel.advice_float64")
+    numbers = {"names": names, "D": D, "q_max": f"{q_max:.3g}", "k_max": f"{k_max:.3g}",
+               "dtype": np.dtype(dtype), "limit": f"{limit:.3g}", "advice": advice}
     if raw >= limit and bound + max(bias_max, 0.0) < limit:
-        raise AttnlabError(
-            f"{names}: the scores q·kᵀ could reach {raw:.3g} before scaling (D·max|q|·max|k| "
-            f"with D = {D}, max|q| = {q_max:.3g}, max|k| = {k_max:.3g}), beyond "
-            f"{np.dtype(dtype)}'s largest value {limit:.3g}: they would overflow to inf and "
-            f"give NaN; {advice}"
-        )
+        raise AttnlabError(msg("kernel.raw_overflow", raw=f"{raw:.3g}", **numbers))
     if bound + max(bias_max, 0.0) < limit and q_max * scale < limit:
         return
-    raise AttnlabError(
-        f"{names}: the scaled scores could reach {bound:.3g} (D·max|q|·max|k|·|scale| with "
-        f"D = {D}, max|q| = {q_max:.3g}, max|k| = {k_max:.3g}, scale = {scale:.3g}), beyond "
-        f"{np.dtype(dtype)}'s largest value {limit:.3g}: they would overflow to inf and give "
-        f"NaN; {advice}"
-    )
+    raise AttnlabError(msg("kernel.scaled_overflow", bound=f"{bound:.3g}", scale=f"{scale:.3g}",
+                           **numbers))
 
 
 def attend(

@@ -356,12 +356,22 @@ def check_window_pair(window: object, is_causal: bool) -> tuple[int | None, int 
                     f"window: expected {side} >= -1 (-1 = unbounded), got {count}"
                 )
             sides.append(None if count == -1 else count)
-        left, right = sides
+        left, right = (_unbounded_past_any_length(side) for side in sides)
         if is_causal:
             right = 0 if right is None else min(right, 0)
         return left, right
     W = check_window(window, is_causal)
-    return (W - 1, 0) if is_causal else ((W - 1) // 2, (W - 1) // 2)
+    half = _unbounded_past_any_length((W - 1) // 2)
+    return (_unbounded_past_any_length(W - 1), 0) if is_causal else (half, half)
+
+
+#: A window side this long reaches past any sequence attnlab can hold (MAX_ELEMENTS
+#: positions): it is unbounded, and 10**30 would overflow int64 in the band's arithmetic.
+_LONGEST_SIDE = 2**62
+
+
+def _unbounded_past_any_length(side: int | None) -> int | None:
+    return None if side is None or side >= _LONGEST_SIDE else side
 
 
 def attention_band(

@@ -140,6 +140,7 @@ def _sequence_task(
     length = check_positive_int(length, "length")
     digits = check_positive_int(digits, "digits")
     heldout = check_positive_int(heldout, "heldout")
+    seed = check_positive_int(seed, "seed", allow_zero=True)  # NumPy's refusal names nothing
     if digits < 2:
         raise AttnlabError(f"digits: expected at least 2 symbols, got {digits}")
 
@@ -194,6 +195,7 @@ def induction_task(
     period = check_positive_int(period, "period")
     vocab = check_positive_int(vocab, "vocab")
     heldout = check_positive_int(heldout, "heldout")
+    seed = check_positive_int(seed, "seed", allow_zero=True)
     if period < 2 or vocab < 2:
         raise AttnlabError(f"period, vocab: expected at least 2 each, got {period}, {vocab}")
     low = max(2, period // 2) if min_period is None else check_positive_int(min_period,
@@ -234,6 +236,7 @@ def modadd_task(*, p: int = 23, train_fraction: float = 0.5, seed: int = 0) -> T
     held-out pairs (rather than memorising the training ones) is slow: "grokking".
     """
     p = check_positive_int(p, "p")
+    seed = check_positive_int(seed, "seed", allow_zero=True)
     if p < 2:
         raise AttnlabError(f"p: expected at least 2, got {p}")
     if isinstance(train_fraction, bool) or not isinstance(train_fraction, (int, float)) \

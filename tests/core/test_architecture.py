@@ -22,7 +22,7 @@ PACKAGE = Path(attnlab.__file__).parent
 
 #: Lowest first. A module belongs to the first entry that is a prefix of its name.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("checks", ["attnlab.errors", "attnlab.shapes"]),
+    ("checks", ["attnlab.messages", "attnlab.errors", "attnlab.shapes"]),
     ("math", ["attnlab.special", "attnlab.init", "attnlab.masks", "attnlab.positional",
               "attnlab.positional_relative", "attnlab.trace", "attnlab.hooks", "attnlab.kernel",
               "attnlab.attention", "attnlab.backward"]),
@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("models", ["attnlab.models", "attnlab.torch", "attnlab.triton"]),
     ("distributed", ["attnlab.distributed"]),
     ("lenses", ["attnlab.lens"]),
+    ("hugging face", ["attnlab.hf"]),
     ("training", ["attnlab.train"]),
     ("report", ["attnlab.report"]),
     ("studies", ["attnlab.studies"]),

@@ -305,8 +305,10 @@ def test_to_table_in_english_and_chinese() -> None:
     assert lines[2].split()[:4] == ["1", "1", "0.000", "1.000"]
     chinese = diagnostics_table(report, "zh")
     assert "归一化熵" in chinese and "过度稀疏" in chinese and "近似重复的头" in chinese
-    assert "过度稀疏、关注自身" in chinese  # Chinese enumeration comma between flags
-    assert "over-sparse, self" in english
+    # An identity head attends to a fixed position (itself): one-hot by design, so the
+    # over-sparse rule is said to misfire; Chinese enumeration comma between flags.
+    assert "按位置的 one-hot（正常，不算过度稀疏）、关注自身" in chinese
+    assert "one-hot by position (expected, not over-sparse), self" in english
     with pytest.raises(AttnlabError, match="lang"):
         diagnostics_table(report, "fr")  # type: ignore[arg-type]
 

@@ -127,3 +127,21 @@ def test_bad_input():
         simulate(q, q, q, world_size=0)
     with pytest.raises(ShapeError, match="parts\\[1\\]"):
         unshard([np.zeros((2, 3)), np.zeros((3, 3))], layout="contiguous")
+
+
+def test_padded_length_and_unshard_refuse_what_they_cannot_use():
+    # padded_length(-5) gave -4 and padded_length(2.5) gave 4.0 (a float length);
+    # unshard([tensor, ndarray]) ended in torch.cat's TypeError.
+    torch = pytest.importorskip("torch")
+    with pytest.raises(AttnlabError, match=r"^T: expected an integer >= 0, got -5$"):
+        padded_length(-5, world_size=2, layout="zigzag")
+    with pytest.raises(AttnlabError, match=r"^T: expected an integer, got float 2\.5$"):
+        padded_length(2.5, world_size=2, layout="zigzag")
+    assert padded_length(0, world_size=2, layout="zigzag") == 0
+    assert padded_length(np.int64(5), world_size=2, layout="zigzag") == 8
+    for parts, kind in (([torch.ones(2, 3), np.ones((2, 3))], "Tensor"),
+                        ([np.ones((2, 3)), torch.ones(2, 3)], "ndarray"),
+                        ([np.ones((2, 3)), [[1.0] * 3] * 2], "ndarray")):
+        with pytest.raises(AttnlabError, match=rf"^parts\[1\]: expected a shard of the kind of "
+                                               rf"parts\[0\] \({kind}\), got "):
+            unshard(parts, layout="contiguous")

@@ -519,6 +519,16 @@ def test_merging_under_a_fill_over_a_whole_row_is_right_or_refused(dtype, fill):
     np.testing.assert_allclose(out, plain, rtol=0, atol=tol)
 
 
+def test_return_lse_is_a_flag():
+    # return_lse="no" was accepted (truthy: out and lse came back); every other
+    # flag of the call is checked.
+    q = np.ones((2, 4))
+    for bad in ("no", 1, None):
+        with pytest.raises(AttnlabError, match=r"return_lse: expected True or False, got"):
+            flash_attention(q, q, q, return_lse=bad)
+    assert isinstance(flash_attention(q, q, q, return_lse=np.bool_(False)), np.ndarray)
+
+
 def test_merge_partials_checks_shapes():
     with pytest.raises(ShapeError, match=r"out2: expected the shape of out1 .* = \(3, 2\)"):
         merge_partials(np.zeros((3, 2)), np.zeros(3), np.zeros((3, 4)), np.zeros(3))
@@ -822,9 +832,39 @@ def test_threads_give_the_same_numbers_bit_for_bit(dtype):
         assert runs[None][2] == runs[1][2]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_backward_threads_give_the_same_numbers_bit_for_bit(dtype):
+    # As for the forward: the backward's parts (batch-heads, each with all its
+    # query blocks) are the same whichever thread computes them. The gradients
+    # are checked against the plain backward in float64 above; here only that
+    # the threads change nothing, and that parts of the batch broadcast mask,
+    # bias and a shared k head correctly (float64 vs the plain path, 1e-12).
+    q, k, v, mask, bias = _problem_split_into_parts(dtype)
+    dout = np.random.default_rng(12).standard_normal((2, 3, 300, 8)).astype(dtype)
+    for opts in ({"is_causal": True}, {"bias": bias}, {"block_q": 64, "block_k": 100}):
+        out, lse = flash_attention(q, k, v, mask, **opts, return_lse=True)
+        runs = {n: flash_attention_backward(q, k, v, out, lse, dout, mask, **opts, num_threads=n)
+                for n in (None, 1, 2, 3)}
+        for n in (2, 3):
+            for got, want in zip(runs[n], runs[1], strict=True):
+                np.testing.assert_array_equal(got, want)
+        eps = float(np.finfo(dtype).eps)
+        # BLAS's own threads may split a matmul's sums differently: each gradient is a
+        # sum of a few hundred terms, rounded afresh, so 32 ulps of the largest gradient.
+        for got, want in zip(runs[None], runs[1], strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=32 * eps * float(np.abs(want).max()))
+        if dtype == np.float64:
+            plain_opts = {key: value for key, value in opts.items() if key in ("is_causal", "bias")}
+            expected = sdpa_backward(q, k, v, dout, mask, **plain_opts)[:3]
+            for got, want in zip(runs[2], expected, strict=True):
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
 def test_num_threads_is_checked():
     q = k = v = np.zeros((3, 4))
     with pytest.raises(AttnlabError, match="num_threads: expected an integer >= 1, got 0"):
         flash_attention(q, k, v, num_threads=0)
     with pytest.raises(AttnlabError, match="num_threads: expected an integer, got float 2.0"):
         flash_attention(q, k, v, num_threads=2.0)
+    with pytest.raises(AttnlabError, match="num_threads: expected an integer >= 1, got 0"):
+        flash_attention_backward(q, k, v, q, np.zeros(3), q, num_threads=0)

@@ -39,8 +39,12 @@ def test_numpy_report_names_shapes_and_the_inert_key_bias(setup):
     for name, heads in report.head_norms.items():
         assert math.isclose(float(np.sum(heads**2)), report.norms[name] ** 2, rel_tol=1e-12)
     assert report.output_norm == pytest.approx(float(np.linalg.norm(G)))
-    # The key bias never gets a gradient (softmax is shift invariant); nothing else vanishes.
-    assert report.flags() == {"bk": "vanishing", **{f"bk[head {h}]": "vanishing" for h in range(4)}}
+    # The key bias never gets a gradient (softmax ignores a per-row constant): said so,
+    # not flagged as vanishing; nothing else is flagged.
+    assert report.flags() == {"bk": "zero_by_design",
+                              **{f"bk[head {h}]": "zero_by_design" for h in range(4)}}
+    assert report.norms["bk"] < 1e-12 and not report.vanishing and report.healthy
+    assert any("0 by design" in line for line in report.lines() if line.startswith("bk "))
 
 
 def test_dout_may_be_a_callable_of_the_output(setup):
@@ -62,7 +66,8 @@ def test_gqa_heads_are_split_by_kv_head(setup):
 def test_flags_vanishing_exploding_and_thresholds(setup):
     mha, x, G = setup
     silent = grad_norms(mha, x, np.zeros_like(G))
-    assert set(silent.vanishing) >= set(silent.norms) and not silent.exploding
+    assert set(silent.vanishing) >= set(silent.norms) - {"bk"} and not silent.exploding
+    assert silent.flags()["bk"] == "zero_by_design"
     loud = grad_norms(mha, x, G * 1e6)
     assert "Wo" in loud.exploding and "Wo[head 0]" in loud.exploding
     relaxed = grad_norms(mha, x, G * 1e6, explode_above=1e12, vanish_below=0.0)

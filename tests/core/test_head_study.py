@@ -26,3 +26,18 @@ def test_spearman_by_hand() -> None:
     assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0, abs=1e-12)
     # ties get mean ranks: (0.5, 0.5, 2) against (0, 1, 2): Pearson of those ranks = √3/2
     assert spearman([5, 5, 9], [1, 2, 3]) == pytest.approx(3 ** 0.5 / 2, abs=1e-12)
+
+
+def test_the_readmes_importance_call_works_after_from_attnlab_import_lens() -> None:
+    """The README writes ``lens.importance.head_importance(model, pairs)`` after
+    ``from attnlab import lens``: a fresh interpreter, so no other test has imported
+    the submodule first."""
+    import subprocess
+    import sys
+
+    code = ("from attnlab import lens; "
+            "assert callable(lens.importance.head_importance); "
+            "assert lens.head_importance is lens.importance.head_importance")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr

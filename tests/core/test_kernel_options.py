@@ -17,6 +17,7 @@ import pytest
 
 import attnlab
 from attnlab.backward import sdpa_backward
+from attnlab.errors import AttnlabError
 from attnlab.fast.flash import flash_attention, flash_attention_backward
 
 BLOCKS = {"block_q": 8, "block_k": 16}
@@ -193,3 +194,37 @@ def test_flash_options_give_the_same_numbers_on_any_number_of_threads():
         q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
         **{key: val for key, val in options.items() if key not in ("block_q", "block_k")})
     np.testing.assert_allclose(out, plain[0], rtol=0, atol=1e-5)  # float32 vs float64
+
+
+@pytest.mark.parametrize("path", ["plain", "flash"])
+@pytest.mark.parametrize("slopes", [[-1e308, 0.5], [1e308, 0.5], [0.5, -1e38]])
+def test_alibi_slopes_that_would_overflow_the_bias_are_refused(path, slopes):
+    # -slope·|i' - j| at slope -1e308 is +inf (1e308 cast to float32 too): the rows
+    # came back NaN on both paths. Now the slopes are bounded by the dtype's range
+    # and their positive bias counts in the score-range check.
+    attend = attnlab.scaled_dot_product_attention if path == "plain" else flash_attention
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 4, 8)).astype(np.float32) for _ in range(3))
+    with pytest.raises(AttnlabError, match=r"alibi_slopes: expected \|slope\|·\(T \+ S\) below "
+                                           r"8\.51e\+37 .* got max\|slope\| = 1e\+(308|38) "
+                                           r"with T \+ S = 8"):
+        attend(q, k, v, alibi_slopes=np.array(slopes))
+    # within the bound, huge and ordinary slopes (negative ones too) give finite numbers
+    for within in ([-1e37, 0.5], [-0.5, 0.25]):
+        assert np.isfinite(attend(q, k, v, alibi_slopes=np.array(within))).all()
+
+
+@pytest.mark.parametrize("path", ["plain", "flash"])
+def test_a_window_longer_than_any_sequence_is_unbounded_and_a_negative_seed_is_named(path):
+    # window=10**30 (an int with is_causal, or a side of a pair) ended in OverflowError
+    # from int64 arithmetic; a side that long reaches past any sequence: no window.
+    attend = attnlab.scaled_dot_product_attention if path == "plain" else flash_attention
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 5, 4)) for _ in range(3))
+    causal = attend(q, k, v, is_causal=True)
+    for window in (10**30, (10**30, 0), (10**30, 10**30)):
+        np.testing.assert_array_equal(attend(q, k, v, is_causal=True, window=window), causal)
+    np.testing.assert_array_equal(attend(q, k, v, window=(10**30, 10**30)), attend(q, k, v))
+    if path == "plain":  # dropout's rng=-1 ended in NumPy's bare "expected non-negative integer"
+        with pytest.raises(AttnlabError, match=r"^rng: expected an integer >= 0, got -1$"):
+            attend(q, k, v, dropout_p=0.1, rng=-1)

@@ -334,3 +334,28 @@ def test_kv_cache_argument_errors():
     with pytest.raises(AttnlabError, match="is_causal: expected True or False"):
         cache.attend(x, x, x, is_causal="yes")
     assert cache.length == 0  # nothing was appended by the refused calls
+
+
+def test_block_allocator_refuses_a_block_given_back_twice_or_outside_the_pool():
+    # release() used to take a block back twice (then hand out [0, 1, 0, 1]: one
+    # block to two sequences) and to take ids the pool never had.
+    from attnlab.fast.paged_cache import BlockAllocator
+
+    pool = BlockAllocator(4)
+    taken = pool.allocate(2, "k")
+    pool.release(taken)
+    with pytest.raises(AttnlabError, match="blocks: expected blocks in use, got 1, which is "
+                                           r"already free \(given back twice\)") as raised:
+        pool.release([1])
+    assert raised.value.message.render("zh").startswith("blocks：需要正在使用的块，实际得到 1")
+    with pytest.raises(AttnlabError, match="blocks: expected blocks in use, got 3"):
+        pool.release([3])  # never handed out
+    for bad in (4, -1, 2.0, True):
+        with pytest.raises(AttnlabError, match=r"blocks: expected block ids in 0\.\.3 "):
+            pool.release([bad])
+    pool.allocate(4, "k")
+    with pytest.raises(AttnlabError, match="got 2, which is already free"):
+        pool.release([2, 2])  # twice in one call: refused before any is taken back
+    assert pool.num_free == 0
+    pool.release([0, 1, 2, 3])
+    assert sorted(pool.allocate(4, "k")) == [0, 1, 2, 3]

@@ -379,3 +379,18 @@ def test_sentence_embeddings_are_unit_mean_pools() -> None:
     pooled = hidden[0, :2].mean(0)
     np.testing.assert_allclose(sentence_embeddings(hidden, real)[0],
                                pooled / np.linalg.norm(pooled), rtol=0, atol=1e-15)
+
+
+def test_positions_and_heads_must_be_whole_indices() -> None:
+    # positions=[1.5] was truncated to 1, [True] read as 1; heads=[(True, False)] was
+    # taken as (1, 0).
+    model = tiny_bert()
+    for positions in ([1.5], [True], [np.float64(2.5)]):
+        with pytest.raises(AttnlabError, match=r"^positions: expected whole token indices"):
+            patch(model, CLEAN, CORRUPTED, heads=[(1, 0)], positions=positions)
+    assert math.isfinite(patch(model, CLEAN, CORRUPTED, heads=[(1, 0)],
+                               positions=[np.int64(2), 4]))
+    for heads in ([(True, False)], [(0, np.bool_(True))], [(0.5, 1)]):
+        with pytest.raises(AttnlabError, match=r"^heads: expected \(layer, head\) pairs"):
+            with ablate(model, heads=heads):
+                pass

@@ -93,3 +93,11 @@ def test_bad_options_are_named():
         make_task("modadd", train_fraction=1.5)
     with pytest.raises(AttnlabError, match="length"):
         make_task("copy", length=0)
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_a_negative_seed_is_refused_by_name(name):
+    # NumPy's own refusal ("expected non-negative integer") named no argument.
+    for seed in (-1, 1.5, True):
+        with pytest.raises(AttnlabError, match=r"^seed: expected an integer"):
+            make_task(name, seed=seed)

@@ -182,15 +182,27 @@ def test_gradients_match_finite_differences():
         np.testing.assert_allclose(grads[index], numeric, rtol=1e-7, atol=1e-9)
 
 
-def test_float16_computes_in_float32_and_returns_float16():
-    q, k, v, _, cu_q, cu_k, max_q, max_k = _problem([4, 6], [4, 6], 2, 2, np.float16)
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_half_precision_computes_in_float32_and_returns_its_own_dtype(half):
+    # bfloat16 used to come back as float32 (float16 stayed float16; the core keeps both).
+    if half == "bfloat16":
+        # The NumPy-only tier runs without the optional ml_dtypes (the bfloat16 extra).
+        dtype = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+        ulp = 2**-7  # bfloat16 keeps 8 significant bits
+    else:
+        dtype, ulp = np.dtype(np.float16), 2**-10
+    q, k, v, _, cu_q, cu_k, max_q, max_k = _problem([4, 6], [4, 6], 2, 2, np.float32)
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
     out = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k)
     flash = flash_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, block_q=2, block_k=2)
     ref = varlen_attention(*(x.astype(np.float32) for x in (q, k, v)), cu_q, cu_k, max_q, max_k)
-    assert out.dtype == flash.dtype == np.float16
-    # Both are the float32 result rounded once to float16: at most half an ulp apart from it.
-    np.testing.assert_array_equal(out, ref.astype(np.float16))
-    np.testing.assert_allclose(flash, ref.astype(np.float16), rtol=2**-10, atol=2**-14)
+    assert out.dtype == flash.dtype == dtype
+    # Both are the float32 result rounded once: at most half an ulp apart from it.
+    np.testing.assert_array_equal(out, ref.astype(dtype))
+    np.testing.assert_allclose(flash.astype(np.float32), ref.astype(dtype).astype(np.float32),
+                               rtol=ulp, atol=ulp * 2**-4)
+    grads = varlen_attention_backward(q, k, v, np.ones_like(out), cu_q, cu_k, max_q, max_k)
+    assert all(g.dtype == dtype for g in grads)
 
 
 def test_attention_never_crosses_a_sequence_boundary():
@@ -298,3 +310,12 @@ def test_check_cu_seqlens_returns_int64():
     assert check_cu_seqlens(np.array([0, 2, 2, 5], np.int32), "cu", 5, "total").dtype == np.int64
     with pytest.raises(AttnlabError, match="lengths: expected lengths >= 0"):
         cu_seqlens_from_lengths([2, -1])
+
+
+def test_lengths_whose_total_overflows_int64_are_refused():
+    # np.cumsum wrapped: [2**62, 2**62] gave cu_seqlens [0, 2**62, -2**63].
+    with pytest.raises(AttnlabError, match=r"lengths: expected a total length that fits int64 "
+                                           r"\(at most 9223372036854775807\), got "
+                                           r"9223372036854775808"):
+        cu_seqlens_from_lengths([2**62, 2**62])
+    assert cu_seqlens_from_lengths([2**62, 2**62 - 1]).tolist() == [0, 2**62, 2**63 - 1]

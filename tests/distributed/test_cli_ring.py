@@ -18,3 +18,17 @@ def test_cli_runs_processes(capsys):
     error = float(re.search(r"max error against single-process attention: (\S+)", out)[1])
     # float32 ring vs float32 single-process attention: PyTorch CP's atol 2e-6
     assert error < 2e-6
+
+
+def test_out_without_simulate_is_refused(capsys, tmp_path):
+    # --out only has a meaning with --simulate; without it the folder was silently ignored.
+    folder = tmp_path / "ring"
+    for lang, line in (("en", "error: --out: writes the simulation's figure, so it needs "
+                              "--simulate"),
+                       ("zh", "错误：--out：写出的是模拟的图，需要同时给出 --simulate")):
+        code = main(["--lang", lang, "ring", "--world-size", "2", "--seq", "8",
+                     "--out", str(folder)])
+        out, err = capsys.readouterr()
+        assert code == 2 and out == ""
+        assert err.strip().splitlines() == [line]
+    assert not folder.exists()

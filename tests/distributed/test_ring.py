@@ -67,7 +67,8 @@ CASES["W4-zigzag-causal-after"] = _case(4, "zigzag", True, seed=11, key_padding=
                                         perturb=(5, 0.5))
 
 BAD = ("mismatched shards", "bad dtype on one rank", "ulysses heads", "ulysses kv heads",
-       "odd zigzag")
+       "odd zigzag", "ring requires_grad on one rank", "ulysses requires_grad on one rank",
+       "empty shards")
 
 
 @pytest.fixture(scope="module")
@@ -215,12 +216,20 @@ def test_backward_uses_each_steps_keys(runs):
     ("ulysses heads", r"H must be a multiple of W, got H = 3"),
     ("ulysses kv heads", r"Hkv must be a multiple of W, got Hkv = 1"),
     ("odd zigzag", r"zigzag layout holds two chunks per rank.*got 3"),
+    ("ring requires_grad on one rank", r"requires_grad is True on rank 0 but False on rank 1"),
+    ("ulysses requires_grad on one rank",
+     r"requires_grad is True on rank 0 but False on rank 1"),
 ])
 def test_bad_input_fails_on_every_rank(runs, kind, message):
     errors = runs[1][kind]
     for rank, error in enumerate(errors):
         assert error is not None and error.startswith("DistributedError"), (rank, error)
         assert re.search(message, error), (rank, error)
+
+
+def test_empty_shards_give_empty_results_on_every_rank(runs):
+    # n = 0 used to fail with "torch.cat(): expected a non-empty list" on every rank.
+    assert runs[1]["empty shards"] == [None] * 4
 
 
 def test_no_process_group():

@@ -112,8 +112,25 @@ def bad_inputs(rank, world_size, kind):
         elif kind == "odd zigzag":
             q = torch.zeros(1, 4, 3, 8)
             ring_attention(q, q, q, layout="zigzag")
+        elif kind in ("ring requires_grad on one rank", "ulysses requires_grad on one rank"):
+            # Rank 0 alone would go on into the backward and wait there for its peers
+            # (until one exits): refused before starting. The backward is not run here.
+            fn = ring_attention if kind.startswith("ring") else ulysses_attention
+            fn(q.clone().requires_grad_(rank == 0), q, q, layout="contiguous")
+        elif kind == "empty shards":  # n = 0 on every rank: empty results, gradients too
+            for layout in ("zigzag", "contiguous"):
+                q = torch.zeros(1, 4, 0, 8, requires_grad=True)
+                kv = torch.zeros(1, 2, 0, 8, requires_grad=True)
+                out, lse = ring_attention(q, kv, kv, layout=layout, return_lse=True)
+                (out.sum() + lse.sum()).backward()
+                shapes = (tuple(out.shape), tuple(lse.shape), tuple(q.grad.shape),
+                          tuple(kv.grad.shape))
+                if shapes != ((1, 4, 0, 8), (1, 4, 0), (1, 4, 0, 8), (1, 2, 0, 8)):
+                    return f"wrong shapes {shapes}"
         else:
             raise ValueError(kind)
     except AttnlabError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    except (RuntimeError, ValueError) as exc:  # not a clear error: reported, not raised
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -28,6 +28,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
+from attnlab.errors import AttnlabError  # noqa: E402
 from attnlab.models import (  # noqa: E402
     BertModel,
     ModelFileError,
@@ -412,6 +413,16 @@ def test_corrupt_safetensors(tiny_dir):
     (tiny_dir / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ModelFileError, match="model.safetensors: could not be read"):
         load_bert(tiny_dir)
+
+
+def test_text_that_is_not_utf8_is_refused_by_name(model):
+    # A lone surrogate (undecodable bytes read with surrogateescape) ended in the
+    # tokenizer's TypeError.
+    for texts, name in ((["caf\udce9"], r"texts\[0\]"), (["ok", "b\udce9"], r"texts\[1\]"),
+                        ("caf\udce9", "texts")):
+        with pytest.raises(AttnlabError, match=rf"^{name}: expected text that can be written "
+                                               r"as UTF-8, got .* lone surrogate"):
+            model.encode(texts)
 
 
 def test_bad_arguments(model):

@@ -128,6 +128,16 @@ def test_torch_load_bert_reads_a_directory():
     assert model.max_length == 64 and len(model.layers) == 6
 
 
+def test_text_that_is_not_utf8_is_refused_by_name(model):
+    # The NumPy model's rule (tests/models/test_models.py): the tokenizer's TypeError before.
+    for texts, name in ((["caf\udce9"], r"texts\[0\]"), ("caf\udce9", "texts")):
+        with pytest.raises(AttnlabError, match=rf"^{name}: expected text that can be written "
+                                               r"as UTF-8"):
+            model.encode(texts)
+    with pytest.raises(AttnlabError, match=r"^texts\[1\]: expected text that can be written"):
+        model.tokenize(["ok", "b\udce9"])
+
+
 def test_bad_inputs_are_named(model):
     with pytest.raises(AttnlabError, match=r"input_ids: expected an integer tensor \(B, T\)"):
         model(torch.zeros(2, 3))

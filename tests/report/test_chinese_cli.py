@@ -21,7 +21,7 @@ from attnlab.cli.help_zh import HELP_ZH
 
 COMMANDS = ["explain", "draw", "profile", "approx", "bench"]
 #: Commands whose --help is judged too (their runs are covered by their own tests).
-HELP_ONLY = ["inspect", "lens", "train", "ring"]
+HELP_ONLY = ["inspect", "lens", "train", "ring", "verify"]
 
 
 def _run(capsys, argv):
@@ -137,3 +137,39 @@ def test_errors_are_chinese_one_line(capsys, argv):
     err = out.strip()
     assert code == 2 and err.startswith("错误：") and "\n" not in err, err
     assert english_runs(err) == [], err
+
+
+@pytest.mark.parametrize("argv", [
+    ["explain", "--x", "1e300,1; 1,1"],          # the kernel's score-range check
+    ["explain", "--x", "nan,1; 1,1"],            # the kernel's finite-values check
+    ["explain", "--seed", "-1"],
+    ["inspect", "--find", "it-animal"],
+    ["inspect", "--find", "zz->it"],
+    ["inspect", "--layer", "9"],
+    ["inspect", ""],
+    ["inspect", "--max-length", "9999"],
+    ["lens"],
+    ["lens", "--study", "a text"],
+    ["ring", "--seq", "7"],
+    ["ring", "--kv-heads", "3"],
+    ["train"],
+    ["train", "sort", "--steps", "0"],
+])
+def test_library_and_command_errors_are_chinese(capsys, argv):
+    """Errors raised by the library (kernel checks, layouts, the lens) and by every
+    command come out in Chinese under --lang zh: they are keyed messages. Judged
+    strictly: not even two English words in a row (half-translated lines such as
+    "期望 numbers in 1..6" had two)."""
+    code, out = _run(capsys, [*argv, "--lang", "zh"])
+    err = out.strip()
+    assert code == 2 and err.startswith("错误：") and "\n" not in err, err
+    assert english_runs(err, min_words=2) == [], err
+
+
+@pytest.mark.parametrize("argv", [["--lang", "zh", "--help"], ["--lang=zh", "-h"]])
+def test_top_level_help_is_chinese_with_lang_first(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and out.startswith("用法：")
+    assert english_runs(_without_untranslated_commands(out)) == [], out

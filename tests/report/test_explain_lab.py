@@ -24,7 +24,7 @@ def test_every_lab_flag_runs_and_shows_its_steps(capsys):
                           "--split", "seed001", "--d-model", "8", "--causal")
     assert code == 0, err
     for needle in ("Q_all = X·Wq", "Queries after RoPE", "Masked scores", "Concatenated heads",
-                   "Projected output", "Residual x + attention(x)", "LayerNorm (post-LN)",
+                   "Projected output", "Residual connection", "LayerNorm (post-LN)",
                    "== Notes =="):
         assert needle in out, needle
     code, out, _ = _run(capsys, "--no-scale", "--lang", "zh")
@@ -34,7 +34,7 @@ def test_every_lab_flag_runs_and_shows_its_steps(capsys):
     code, out, _ = _run(capsys, "--tokens", "the cat sat on the mat", "--pos", "sinusoidal")
     assert "identical input rows" not in out and "Positional encoding pe" in out
     code, out, _ = _run(capsys, "--residual", "--norm", "pre", "--lang", "zh")
-    assert code == 0 and "输入的层归一化（Pre-LN）" in out and "残差连接" in out
+    assert code == 0 and "输入的层规范化（Pre-LN）" in out and "残差连接" in out
 
 
 def test_saturated_input_is_noted(capsys):

@@ -119,3 +119,29 @@ def test_training_page_assets_are_package_data_files():
         assert any(fnmatch.fnmatch(f"report/assets/{name}", glob) for glob in globs), name
     page = training_html(np.full((1, 1, 1, 2, 2), 0.5), [0], ["a", "b"])
     assert assets.joinpath("training.js").read_text(encoding="utf-8").strip() in page
+
+
+@pytest.mark.parametrize("lang, words", [("en", "training diverged at step"),
+                                         ("zh", "发散")])
+def test_a_diverging_run_says_so_in_one_line_and_keeps_its_metrics(capsys, tmp_path, lang,
+                                                                   words):
+    code = main(["train", "sort", *TINY, "--steps", "8", "--lr", "1e30", "--lang", lang,
+                 "--out", str(tmp_path)])
+    _, err = capsys.readouterr()
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and words in last and "metrics.json" in last, err
+    assert "weights: expected finite" not in err and "期望" not in err
+    metrics = json.loads((tmp_path / "metrics.json").read_text(encoding="utf-8"))
+    assert metrics["diverged_at"] is not None and metrics["last_finite_loss"] is not None
+    assert f"step {metrics['diverged_at']}" in last or f"第 {metrics['diverged_at']} 步" in last
+    assert not (tmp_path / "view.html").exists()  # no plots of a broken run
+
+
+def test_train_without_torch_names_the_extra_to_install(capsys, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    code = main(["train", "sort", *TINY, "--out", str(tmp_path)])
+    _, err = capsys.readouterr()
+    assert code == 2 and "pip install 'attnlab[torch]'" in err, err
+    assert "No module named" not in err and len(err.strip().splitlines()) == 1

@@ -81,7 +81,15 @@ def test_page_references_nothing_on_the_network(hostile_page: str) -> None:
     assert targets == ["data:,"]  # only the empty favicon, so the browser asks for none
     assert "url(" not in hostile_page and "@import" not in hostile_page
     script, _ = script_and_style(hostile_page)
-    for loader in ("src", "href", "fetch", "XMLHttpRequest", "import(", "WebSocket", "//"):
+    # The PNG export's link is the one href: a blob: URL of the page's own canvas,
+    # which the browser saves as a file (nothing is fetched or sent).
+    hrefs = re.findall(r"[^\n]*href[^\n]*", script)
+    assert [h.strip() for h in hrefs] == [
+        "link.href = URL.createObjectURL(blob);",
+        "setTimeout(function () { URL.revokeObjectURL(link.href); }, 1000);"]
+    script = script.replace("link.href", "")
+    for loader in ("src", "href", "fetch", "XMLHttpRequest", "import(", "WebSocket", "//",
+                   "sendBeacon", "window.open"):
         assert loader not in script
 
 
@@ -190,7 +198,7 @@ def test_chinese_interface() -> None:
     words = embedded_json(page)["words"]
     assert words["layer_option"] == "第 {n} 层"
     # The legend names the flags exactly as the badges do.
-    for flag in ("近似均匀", "过度稀疏", "汇聚到特殊词元", "关注前一个词元"):
+    for flag in ("近似均匀", "过度稀疏", "停靠在特殊词元（sink）", "关注前一个词元"):
         assert flag in words["flag_text"].values() and flag in words["legend"]
 
 
@@ -237,9 +245,13 @@ def test_repr_html_is_a_sandboxed_iframe_with_a_unique_id() -> None:
     ids = [re.findall(r'<iframe id="([^"]+)"', frame)[0] for frame in frames]
     assert ids[0] != ids[1] and all(i.startswith("attnlab-view-") for i in ids)
     for frame, view in zip(frames, (first, second), strict=True):
-        assert 'sandbox="allow-scripts"' in frame and "allow-same-origin" not in frame
+        assert 'sandbox="allow-scripts allow-downloads"' in frame
+        assert "allow-same-origin" not in frame
         srcdoc = re.search(r'srcdoc="([^"]*)"', frame)
         assert srcdoc is not None and html.unescape(srcdoc.group(1)) == view.html
+        # No fixed height: the script beside the frame takes the height the page posts,
+        # and only from that frame's own window.
+        assert "e.source!==f.contentWindow" in frame and "attnlab-height" in frame
 
 
 def test_view_from_trace() -> None:
@@ -316,3 +328,82 @@ def test_page_assets_are_package_data_files() -> None:
     script, style = script_and_style(render_html(random_weights(), TOKENS))
     assert script == assets.joinpath("viewer.js").read_text(encoding="utf-8").strip()
     assert style == assets.joinpath("viewer.css").read_text(encoding="utf-8").strip()
+
+
+# ------------------------------------------------------------ decoders, pairs, neuron view
+
+
+def causal_weights(L: int = 2, H: int = 4, T: int = 8, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    w = rng.dirichlet(np.full(T, 0.5), size=(L, H, T)) * np.tril(np.ones((T, T)))
+    return w / w.sum(axis=-1, keepdims=True)  # (L, H, T, T), zero above the diagonal
+
+
+def test_decoder_options_are_embedded_and_round_trip() -> None:
+    from attnlab.report.viewer_data import unpack_floats
+
+    weights, T = causal_weights(), 8
+    rng = np.random.default_rng(1)
+    q, k = rng.normal(size=(2, 4, T, 5)), rng.normal(size=(2, 2, T, 5))
+    norms = rng.uniform(0.1, 2.0, size=(2, 4, T))
+    allowed = np.tril(np.ones((T, T), dtype=bool))
+    data = embedded_json(render_html(
+        weights, TOKENS, allowed=allowed, prompt_length=5, heads_per_kv=2,
+        queries=q, keys=k, scales=[0.5, 0.25], value_norms=norms, start=(1, 3)))
+    assert data["prompt_length"] == 5 and data["heads_per_kv"] == 2 and data["start"] == [1, 3]
+    import zlib as _zlib
+    bits = np.unpackbits(np.frombuffer(_zlib.decompress(base64.b64decode(data["allowed"])),
+                                       dtype=np.uint8))[: T * T]
+    assert (bits.reshape(T, T).astype(bool) == allowed).all()
+    neuron = data["neuron"]
+    assert neuron["layers"] == [0, 1] and neuron["D"] == 5 and neuron["kv_heads"] == 2
+    assert neuron["scales"] == [0.5, 0.25]
+    # float32 on the page: relative rounding 2**-24
+    np.testing.assert_allclose(unpack_floats(neuron["q"], q.shape), q, rtol=1e-7, atol=1e-7)
+    np.testing.assert_allclose(unpack_floats(neuron["k"], k.shape), k, rtol=1e-7, atol=1e-7)
+    np.testing.assert_allclose(unpack_floats(data["value_norms"], norms.shape), norms,
+                               rtol=1e-7)
+    # The diagnostics know the mask: a causal row's entropy is over the keys it may see.
+    assert data["diagnostics"]["heads"][0]["entropy"] is not None
+
+
+def test_pairs_embed_their_segments() -> None:
+    data = embedded_json(render_html(random_weights(), TOKENS, segments=[0] * 4 + [1] * 4))
+    assert data["segments"] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        ({"allowed": np.ones((8, 7), dtype=bool)}, ShapeError,
+         r"allowed: expected bool \(T, S\)"),
+        ({"allowed": np.eye(8, dtype=bool)}, AttnlabError,
+         r"allowed: weights put .* \(l, h, t, s\)"),
+        ({"prompt_length": 0}, AttnlabError, r"prompt_length: expected an int in \[1, 8\]"),
+        ({"heads_per_kv": "2"}, AttnlabError, r"heads_per_kv: expected an int"),
+        ({"segments": [0, 1, 2, 0, 0, 0, 0, 0]}, AttnlabError, r"segments: expected 8 sentence"),
+        ({"queries": np.zeros((2, 3, 8, 4))}, AttnlabError, r"queries, keys, scales: expected all"),
+        ({"queries": np.zeros((2, 3, 8, 4)), "keys": np.zeros((2, 2, 8, 4)), "scales": [1, 1]},
+         ShapeError, r"keys: expected \(L, Hkv, S, D\)"),
+        ({"value_norms": np.ones((2, 3, 7))}, ShapeError, r"value_norms: expected \(L, H, S\)"),
+        ({"start": (2, 0)}, AttnlabError, r"start\[0\] \(layer\): expected an int in \[0, 1\]"),
+        ({"colour": "red"}, AttnlabError, r"colour: not an option of the viewer"),
+    ],
+)
+def test_bad_decoder_options_are_named(kwargs: dict, error: type, pattern: str) -> None:
+    with pytest.raises(error, match=pattern):
+        render_html(random_weights(), TOKENS, **kwargs)
+
+
+def test_new_interface_words_exist_in_both_languages_and_the_notes_cite_their_sources() -> None:
+    from attnlab.report.words import VIEWER_WORDS
+
+    assert set(VIEWER_WORDS["en"]) == set(VIEWER_WORDS["zh"])
+    for lang in ("en", "zh"):
+        note = VIEWER_WORDS[lang]["norms_note"]
+        for source in ("Jain", "Wallace 2019", "Wiegreffe", "Pinter 2019", "Kobayashi"):
+            assert source in note, (lang, source)
+        assert "2023" in VIEWER_WORDS[lang]["sink_note"]  # StreamingLLM's attention sinks
+    page = render_html(causal_weights(), TOKENS, allowed=np.tril(np.ones((8, 8), bool)),
+                       lang="zh")
+    assert "神经元视图" in page and "保存 PNG" in page

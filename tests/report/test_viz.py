@@ -383,3 +383,67 @@ def test_tokens_no_font_has_are_drawn_without_warnings(tmp_path):
         warnings.simplefilter("error")
         for name in ("tokens.png", "tokens.svg"):
             assert save_figure(fig, tmp_path / name).stat().st_size > 0
+
+
+# ----------------------------------------------------------------- labels are text
+
+
+def test_dollar_signs_in_labels_and_titles_are_drawn_as_typed(tmp_path) -> None:
+    """matplotlib reads "$...$" as math: "$$ x" would end in a ParseException and "$x$"
+    would be drawn as an italic x. Token labels and titles are text."""
+    labels = ["$$", "$x$", "a$b"]
+    fig = plot_attention(WEIGHTS, labels, labels, title="$x$ title")
+    grid = plot_head_grid(HEADS, labels, labels, title="$$ grid")
+    for figure in (fig, grid):
+        save_figure(figure, tmp_path / "f.png")  # draws: no ParseException
+        texts = [t for ax in figure.axes if ax.get_label() != "<colorbar>"
+                 for t in ax.get_xticklabels() + ax.get_yticklabels() if t.get_text()]
+        texts += [t for t in figure.findobj(lambda a: hasattr(a, "get_parse_math"))
+                  if "$" in t.get_text()]
+        assert texts and all(not t.get_parse_math() for t in texts if "$" in t.get_text())
+    # Drawn as typed: "$x$" is as wide as three plain glyphs, not one italic x.
+    canvas = FigureCanvasAgg(Figure())
+    renderer = canvas.get_renderer()
+    tick = next(t for t in fig.axes[0].get_xticklabels() if t.get_text() == "$x$")
+    as_math = Figure().text(0, 0, "$x$", fontsize=tick.get_fontsize())
+    as_math.figure.canvas = FigureCanvasAgg(as_math.figure)
+    assert (tick.get_window_extent(fig.canvas.get_renderer()).width
+            > 1.5 * as_math.get_window_extent(renderer).width)
+
+
+def test_explain_draws_tokens_with_dollar_signs(capsys, tmp_path) -> None:
+    from attnlab.cli import main
+
+    code = main(["explain", "--tokens", "$$ x $y$", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert (tmp_path / "heatmap.png").stat().st_size > 0
+
+
+def test_a_placeholder_font_is_not_a_cjk_font(monkeypatch: pytest.MonkeyPatch) -> None:
+    """matplotlib >= 3.10 bundles "Last Resort", which maps every code point to a box:
+    without a real CJK font it must not be taken for one (the Chinese would be boxes,
+    and MissingCJKFontWarning would stay silent)."""
+    import matplotlib
+
+    placeholder = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "LastResortHE-Regular.ttf"
+    if not placeholder.is_file():
+        pytest.skip(f"matplotlib {matplotlib.__version__} bundles no Last Resort font")
+    manager = font_manager.fontManager
+    if not any(Path(e.fname) == placeholder for e in manager.ttflist):
+        manager.addfont(os.fspath(placeholder))
+    kept = [e for e in manager.ttflist
+            if "DejaVu" in e.name or Path(e.fname) == placeholder]
+    monkeypatch.setattr(manager, "ttflist", kept)
+    monkeypatch.setattr(font_manager, "findSystemFonts", lambda *a, **k: [])
+    monkeypatch.delenv(CJK_FONT_ENV, raising=False)
+    fonts.clear_font_cache()
+    try:
+        assert find_cjk_font() is None
+        with pytest.warns(MissingCJKFontWarning):
+            plot_attention(WEIGHTS, WORDS, WORDS)
+        monkeypatch.setenv(CJK_FONT_ENV, os.fspath(placeholder))
+        with pytest.raises(AttnlabError, match="expected a font with CJK glyphs"):
+            find_cjk_font()
+    finally:
+        fonts.clear_font_cache()

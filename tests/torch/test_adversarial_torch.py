@@ -296,6 +296,41 @@ def test_more_huge_sizes_are_refused_before_allocating(call, message):
         call()
 
 
+LONG = 80_000  # T = S = 80,000: every (T, S) tensor is 6.4e9 elements (6-24 GiB)
+
+
+def _long(*lead):
+    return torch.zeros(*lead, LONG, 8)  # (..., T, D): 2.5 MB
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: at.scaled_dot_product_attention(_long(1, 1), _long(1, 1), _long(1, 1),
+                                             window=(16, 0), is_causal=True),
+     r"q, k: the window mask \(T, S\) = \(80000, 80000\)"),
+    (lambda: at.scaled_dot_product_attention(_long(1, 1), _long(1, 1), _long(1, 1), softcap=5.0),
+     r"q, k: the score matrix \(\.\.\., T, S\) = \(1, 1, 80000, 80000\)"),
+    (lambda: at.scaled_dot_product_attention(_long(1, 2), _long(1, 2), _long(1, 2),
+                                             alibi_slopes=torch.tensor([0.5, 0.25])),
+     r"q, k: the ALiBi bias \(\.\.\., H, T, S\) = \(2, 80000, 80000\)"),
+    (lambda: at.scaled_dot_product_attention(_long(1, 1), _long(1, 1)[..., :-1, :],
+                                             _long(1, 1)[..., :-1, :], is_causal=True),
+     r"q, k: the causal mask \(T, S\) = \(80000, 79999\)"),
+    (lambda: at.scaled_dot_product_attention(_long(1, 1), _long(1, 1), _long(1, 1),
+                                             sinks=torch.zeros(1)),
+     r"q, k: the sinks' float mask \(\.\.\., H, T, S \+ 1\) = \(1, 1, 80000, 80001\)"),
+    (lambda: at.varlen_attention(_long(1)[0, :, None], _long(1)[0, :, None],
+                                 _long(1)[0, :, None], [0, LONG], [0, LONG], LONG, LONG,
+                                 window=(16, 0), is_causal=True),
+     r"q, k: the window mask \(T, S\) = \(80000, 80000\)"),
+])
+def test_attention_options_at_a_huge_length_are_refused_before_allocating(call, message):
+    # attnlab.torch had no size guard here: a window, a soft cap, ALiBi, a causal
+    # mask with T != S, sinks and varlen's window each tried to build 6-24 GiB. Now
+    # the NumPy twin's one-line check_alloc refusal, before anything is built.
+    with pytest.raises(AttnlabError, match=rf"^{message}.*{LIMIT}"):
+        call()
+
+
 def test_converting_a_meta_module_to_numpy_is_refused_by_name():
     with pytest.raises(AttnlabError, match=r"^module: expected parameters holding values, got "
                                            r"parameters on the meta device"):

@@ -8,6 +8,8 @@ rounding of a few hundred-term dot products done in another order.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -284,3 +286,125 @@ def test_signatures_are_torchs():
 def test_bad_input_is_named(call, match):
     with pytest.raises(AttnlabError, match=match):
         call(torch.randn(2, 4, 4, 8))
+
+
+# ----------------------------------------------- torch's own cases (NestedTensor, seeds,
+# dtypes, the global swap): the stock torch module is the reference
+
+
+def test_nested_tensor_encoder_with_a_hook_on_self_attn():
+    """A forward hook on self_attn turns the layers' fused path off, so the encoder's
+    NestedTensor (enable_nested_tensor=True, eval, no_grad, a padding mask) reaches
+    MultiheadAttention.forward itself. Same numbers as the stock encoder: float32
+    rounding of two different summation orders (1e-6)."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, batch_first=True)
+    stock = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    ours = compat.use_attnlab(nn.TransformerEncoder(layer, 2, enable_nested_tensor=True)).eval()
+    ours.load_state_dict(stock.state_dict())
+    nested_inputs: list[bool] = []
+    for model in (stock, ours):
+        for block in model.layers:
+            block.self_attn.register_forward_hook(
+                lambda module, args, out: nested_inputs.append(args[0].is_nested))
+    x = torch.randn(3, 5, 8)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
+    with torch.no_grad():
+        expected = stock(x, src_key_padding_mask=padding)
+        got = ours(x, src_key_padding_mask=padding)
+    assert all(nested_inputs) and len(nested_inputs) == 4  # the case asked for was run
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("average", [True, False])
+def test_nested_tensor_inputs_give_torchs_outputs_and_padded_weights(average):
+    torch.manual_seed(1)
+    stock = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    ours = compat.MultiheadAttention.from_torch(stock)
+    x = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(5, 8)])
+    with torch.no_grad():
+        out, weights = stock(x, x, x, average_attn_weights=average)
+        got, got_weights = ours(x, x, x, average_attn_weights=average)
+    assert got.is_nested
+    for a, b in zip(got.unbind(), out.unbind(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)  # float32 rounding
+    torch.testing.assert_close(got_weights, weights, atol=1e-6, rtol=1e-6)
+    with pytest.raises(AttnlabError, match="key_padding_mask: expected None with NestedTensor"):
+        ours(x, x, x, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_seeded_dropout_gives_torchs_numbers(kind, batch_first):
+    """Train mode, dropout 0.1, the same seed: the same numbers as the stock layer. The
+    layers' dropout1 draws its mask in memory order, so the output must be laid out as
+    torch lays it out ((T, B, E) in memory). Both draw the same bits, so only float32
+    rounding differs (1e-6)."""
+    torch.manual_seed(0)
+    if kind == "encoder":
+        stock = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.1,
+                                           batch_first=batch_first)
+    else:
+        stock = nn.TransformerDecoderLayer(8, 2, dim_feedforward=16, dropout=0.1,
+                                           batch_first=batch_first)
+    ours = compat.use_attnlab(copy.deepcopy(stock))
+    stock.train(), ours.train()
+    x = torch.randn(2, 4, 8) if batch_first else torch.randn(4, 2, 8)
+    args = (x,) if kind == "encoder" else (x, torch.randn_like(x))
+    torch.manual_seed(42)
+    expected = stock(*args)
+    torch.manual_seed(42)
+    got = ours(*args)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_output_layout_is_torchs():
+    for batch_first in (True, False):
+        stock = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+        ours = compat.MultiheadAttention.from_torch(stock)
+        x = torch.randn(2, 3, 8)
+        assert ours(x, x, x)[0].stride() == stock(x, x, x)[0].stride()
+
+
+def test_dtypes_as_torch():
+    q = torch.randn(1, 2, 3, 4)
+    k = torch.randn(1, 2, 3, 4, dtype=torch.float16)
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, k, k)  # torch refuses: so do we, by name
+    with pytest.raises(AttnlabError, match="query, key, value: expected the same dtype"):
+        compat.scaled_dot_product_attention(q, k, k)
+    # A float64 module whose in_proj_bias is float16: torch computes (the bias in the
+    # weights' dtype); so do we. float64 throughout, so 1e-12.
+    torch.manual_seed(2)
+    stock = nn.MultiheadAttention(8, 2, batch_first=True).double().eval()
+    ours = compat.MultiheadAttention(8, 2, batch_first=True).double().eval()
+    ours.load_state_dict(stock.state_dict())
+    for module in (stock, ours):
+        module.in_proj_bias.data = module.in_proj_bias.data.half()
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    with torch.no_grad():
+        expected, expected_weights = stock(x, x, x)
+        got, got_weights = ours(x, x, x)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(got_weights, expected_weights, atol=1e-12, rtol=1e-12)
+
+
+def test_the_global_swap_of_torchs_sdpa_does_not_recurse(monkeypatch):
+    """``F.scaled_dot_product_attention = compat.scaled_dot_product_attention`` routes
+    torch's own modules through attnlab; attnlab must still reach torch's kernel."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 5, 4) for _ in range(3))
+    mask = torch.rand(5, 5) > 0.3
+    mask[:, 0] = True
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    expected_causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    expected_mha = mha(x, x, x, need_weights=False)[0]
+    monkeypatch.setattr(F, "scaled_dot_product_attention", compat.scaled_dot_product_attention)
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                               expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(compat.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               expected_causal, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(mha(x, x, x, need_weights=False)[0], expected_mha,
+                               atol=1e-6, rtol=1e-6)

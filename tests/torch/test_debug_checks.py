@@ -111,3 +111,16 @@ def test_modules_compile_without_graph_breaks():
     layer = at.SelfAttentionLayer(16, 4, norm="pre", generator=g).eval()
     padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
     compiles_in_one_graph(lambda x: layer(x, key_padding=padding), x)
+
+
+def test_debug_checks_name_alibi_slopes():
+    # A NaN or overflowing slope used to be reported as "bias" (the ALiBi bias built
+    # from it), or, for slopes finite in float32 whose bias is not, pass into NaN.
+    q = torch.randn(1, 2, 4, 8)
+    with at.debug_checks():
+        with pytest.raises(AttnlabError, match=r"^alibi_slopes: expected finite values, got 1 "
+                                               r"non-finite \(first: NaN at index \(0,\)\)$"):
+            at.scaled_dot_product_attention(q, q, q, alibi_slopes=torch.tensor([float("nan"), 1.]))
+        with pytest.raises(AttnlabError, match=r"alibi_slopes: expected \|slope\|·\(T \+ S\) "
+                                               r"below 8\.51e\+37"):
+            at.scaled_dot_product_attention(q, q, q, alibi_slopes=torch.tensor([-3e37, 1.]))

@@ -166,3 +166,37 @@ def test_bad_settings_are_named():
     with pytest.raises(AttnlabError, match="reference"):
         with model.ablate([(0, 0)], "mean"):
             pass
+
+
+def test_ablated_heads_must_be_pairs_of_ints():
+    # evaluate(ablate=[(0,)]) ended in Python's "not enough values to unpack"; (True,
+    # False) was taken as head (1, 0) and 1.7 truncated.
+    model = Decoder(ModelConfig(7, 6, **TINY), seed=0)
+    task = make_task("sort", length=3, digits=7, heldout=20)
+    for bad in ([(0,)], [(True, False)], [(0, 1.7)], [0]):
+        with pytest.raises(AttnlabError, match=r"^ablate: expected \(layer, head\) pairs of "
+                                               r"ints, got "):
+            evaluate(model, task, ablate=bad)
+    with pytest.raises(AttnlabError, match=r"^heads: expected \(layer, head\) pairs of ints"):
+        with model.ablate([(0,)]):
+            pass
+    assert math.isfinite(evaluate(model, task, ablate=[(np.int64(1), 0)]).loss)
+
+
+def test_a_diverging_run_reports_where_instead_of_raising():
+    """lr = 1e6 blows the weights up within a few steps: train() returns, saying at which
+    step (diverged_at) and the last finite loss, and metrics() is valid JSON."""
+    import json
+
+    task = make_task("sort", length=4, digits=5, heldout=50)
+    config = ModelConfig(task.vocab_size, task.seq_len, **TINY)
+    result = train(task, config, TrainConfig(steps=30, batch_size=8, lr=1e6, snapshots=31,
+                                             snapshot_batch=10))
+    assert result.diverged_at is not None and 1 <= result.diverged_at < 30
+    assert len(result.losses) == result.diverged_at
+    metrics = json.loads(json.dumps(result.metrics(), allow_nan=False))
+    assert metrics["diverged_at"] == result.diverged_at
+    step, loss = metrics["last_finite_step"], metrics["last_finite_loss"]
+    assert step is not None and math.isfinite(loss) and loss == result.losses[step - 1]
+    assert all(np.isfinite(result.losses[:step]))
+    assert result.snapshot_steps[-1] < result.diverged_at  # only finite snapshots kept

@@ -29,12 +29,25 @@ def test_the_triton_backend_is_the_kernel_and_agrees_with_the_default_backend():
     torch.testing.assert_close(out, default, rtol=0, atol=5e-6)
 
 
-def test_the_triton_backend_takes_grouped_query_heads():
+def test_the_triton_backend_takes_grouped_query_heads_under_the_torch_backends_rule():
     q, k, v = qkv(H=4, Hkv=2)
-    out = at.scaled_dot_product_attention(q, k, v, backend="triton", scale=0.2)
+    out = at.scaled_dot_product_attention(q, k, v, backend="triton", scale=0.2, enable_gqa=True)
     expanded = [t.repeat_interleave(2, dim=1) for t in (k, v)]  # (B, H, S, D)
     default = at.scaled_dot_product_attention(q, *expanded, scale=0.2)
     torch.testing.assert_close(out, default, rtol=0, atol=5e-6)  # as above
+    torch.testing.assert_close(
+        at.scaled_dot_product_attention(q, k, v, scale=0.2, enable_gqa=True), default,
+        rtol=0, atol=5e-6)
+    # H != Hkv without enable_gqa: both backends refuse with the same message (the
+    # triton backend used to do grouped-query attention silently).
+    messages = []
+    for backend in ("torch", "triton"):
+        with pytest.raises(AttnlabError, match="q, k, v: expected leading") as raised:
+            at.scaled_dot_product_attention(q, k, v, backend=backend)
+        messages.append(str(raised.value))
+    assert messages[0] == messages[1]
+    with pytest.raises(AttnlabError, match="enable_gqa: expected True or False"):
+        at.scaled_dot_product_attention(q, k, v, backend="triton", enable_gqa="yes")
 
 
 @pytest.mark.parametrize(

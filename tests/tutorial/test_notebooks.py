@@ -20,7 +20,10 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "docs" / "tutorial").glob("*/*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "docs" / "tutorial").glob("*/*.ipynb")) + sorted(
+    (ROOT / "docs" / "tutorial").glob("*/solutions/*.ipynb"))
+LESSONS = [p for p in NOTEBOOKS if p.parent.name != "solutions"]
+SOLUTIONS = [p for p in NOTEBOOKS if p.parent.name == "solutions"]
 KERNEL = "attnlab-tutorial"
 
 
@@ -38,9 +41,33 @@ def kernel_path(tmp_path_factory):
 
 
 def test_every_lesson_exists_in_both_languages():
-    names = {lang: sorted(p.name for p in NOTEBOOKS if p.parent.name == lang)
+    names = {lang: sorted(p.name for p in LESSONS if p.parent.name == lang)
              for lang in ("zh", "en")}
-    assert names["zh"] == names["en"] and len(names["zh"]) == 11
+    assert names["zh"] == names["en"] and len(names["zh"]) == 12
+    solved = {lang: sorted(p.name for p in SOLUTIONS if p.parent.parent.name == lang)
+              for lang in ("zh", "en")}
+    assert solved["zh"] == solved["en"] and len(solved["zh"]) >= 9
+
+
+def _code(path: Path) -> list[str]:
+    return ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+            if c["cell_type"] == "code"]
+
+
+@pytest.mark.parametrize("path", [p for p in LESSONS if (p.parent / "solutions" / p.name).exists()],
+                         ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_the_learner_writes_code_and_the_solution_passes_the_same_checks(path):
+    """The lesson leaves a stub in each of the learner's cells and checks it; the solution
+    notebook fills the same functions and asserts the same checks pass (executed below)."""
+    lesson, solution = _code(path), _code(path.parent / "solutions" / path.name)
+    checks = [c for c in lesson if c.startswith("exercises.check(")]
+    stubs = [c for c in lesson if "raise NotImplementedError" in c]
+    assert checks and len(stubs) == len(checks)
+    for check in checks:
+        name = check.split('"')[1]
+        proof = f'result = exercises.check("{name}", {name}, lang=LANG)\nassert result.passed'
+        assert proof in "\n".join(solution), name
+    assert not any("raise NotImplementedError" in c for c in solution)
 
 
 def test_notebooks_are_generated_from_the_script(tmp_path):
@@ -49,7 +76,7 @@ def test_notebooks_are_generated_from_the_script(tmp_path):
                             repr(str(tmp_path)).join(("Path(", ")")))
     subprocess.run([sys.executable, "-c", script], check=True)
     for path in NOTEBOOKS:
-        fresh = tmp_path / path.parent.name / path.name
+        fresh = tmp_path / path.relative_to(ROOT / "docs" / "tutorial")
         assert fresh.read_text(encoding="utf-8") == path.read_text(encoding="utf-8"), (
             f"{path.name}: run python scripts/make_tutorial.py")
 
@@ -64,3 +91,15 @@ def test_notebook_runs(path, kernel_path, monkeypatch):
     errors = [o for cell in notebook.cells if cell.cell_type == "code"
               for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        shown = "".join(o.get("text", "") + "".join(o.get("data", {}).get("text/plain", ""))
+                        for o in cell.get("outputs", []))
+        # what a learner reads is words, not reprs of NumPy scalars
+        assert "np.int64(" not in shown and "np.float64(" not in shown, cell.source
+        if path.parent.name != "solutions" and cell.source.startswith("exercises.check("):
+            # the learner's stub runs, and the check says it is not written yet
+            said = "".join(o.get("data", {}).get("text/markdown", "")
+                           for o in cell.get("outputs", []))
+            assert ("还没有写" if path.parent.name == "zh" else "Not written yet") in said

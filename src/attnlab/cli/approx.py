@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..messages import msg
 from .args import CliError, check_memory, int_list, prepare_out_dir
 
 
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     changes: dict[str, Any] = {"seed": args.seed, "minilm": not args.no_minilm}
     if args.threads < 0:
-        raise CliError(f"--threads: expected 0 (leave unchanged) or more, got {args.threads}")
+        raise CliError(msg("cli.approx_threads", got=args.threads))
     changes["threads"] = args.threads or None
     if args.lengths is not None:
         changes["lengths"] = int_list(args.lengths, "--lengths")
@@ -59,17 +60,17 @@ def run(args: argparse.Namespace) -> int:
                                              example="128,256")
     if args.long is not None:
         if args.long < 0:
-            raise CliError(f"--long: expected 0 (skip) or a length, got {args.long}")
+            raise CliError(msg("cli.approx_long", got=args.long))
         changes["long_length"] = args.long or None
     if args.repeats is not None:
         changes["repeats"] = args.repeats
     config = (StudyConfig.quick(**changes) if args.quick else StudyConfig(**changes)).check()
     # Exact attention, the baseline: float64 scores and weights (and a temporary) at the
     # longest Gaussian length; float32 at the long-sequence check.
-    needs = [(24 * T * T, "--lengths", f"exact attention at T = {T}") for T in config.lengths]
+    needs = [(24 * T * T, "--lengths", msg("cli.approx_exact_at", T=T)) for T in config.lengths]
     if config.long_length is not None:
         T = config.long_length
-        needs.append((12 * T * T, "--long", f"dense attention at T = {T}"))
+        needs.append((12 * T * T, "--long", msg("cli.approx_dense_at", T=T)))
     for nbytes, flag, what in needs:
         check_memory(nbytes, flag, what)
     if args.out is not None:

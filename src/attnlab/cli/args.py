@@ -17,16 +17,73 @@ from typing import Any
 
 import numpy as np
 
+from ..messages import Message, msg
+
+#: argparse's messages about the number of values, which it hands over as formatted
+#: English only (argparse has no keys): their text -> our key.
+_NARGS_KEYS = {"expected one argument": "argparse.one_argument"}
+
 
 class CliError(Exception):
-    """A user-facing error of the command line (printed in one line)."""
+    """A user-facing error of the command line (printed in one line); takes a keyed
+    :class:`~attnlab.messages.Message` as :class:`~attnlab.errors.AttnlabError` does
+    (``message``; ``str()`` is the English). Not a ValueError: the parsers below
+    catch ValueError from NumPy and must not catch their own errors."""
+
+    message: Message | None
+
+    def __init__(self, text: str | Message) -> None:
+        self.message = text if isinstance(text, Message) else None
+        super().__init__(text.render("en") if isinstance(text, Message) else text)
 
 
 class Parser(argparse.ArgumentParser):
+    """argparse with its own errors raised as keyed :class:`CliError` (one line, exit 2):
+    a wrong choice, a value of the wrong type, an unknown argument, a missing one."""
+
     usage_prefix = "usage: "  # cli.help_zh sets it to 用法： under --lang zh
 
-    def error(self, message: str) -> Any:  # argparse's own errors: one line, exit 2
-        raise CliError(f"{self.prog}: {message}")
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("exit_on_error", False)  # ArgumentError reaches parse_known_args
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:  # what argparse reports only by text
+        prefix = "the following arguments are required: "
+        if message.startswith(prefix):
+            raise CliError(msg("argparse.required", args=message.removeprefix(prefix)))
+        raise CliError(msg("argparse.other", detail=f"{self.prog}: {message}"))
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        try:
+            return super().parse_known_args(args, namespace)
+        except argparse.ArgumentError as err:
+            key = _NARGS_KEYS.get(err.message)
+            if key is not None:
+                raise CliError(msg(key, arg=err.argument_name)) from None
+            raise CliError(msg("argparse.other", detail=str(err))) from None
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            raise CliError(msg("argparse.unrecognized", args=" ".join(extras)))
+        return parsed
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            raise CliError(msg("argparse.invalid_choice", arg=argparse._get_action_name(action),
+                               got=repr(value),
+                               choices=", ".join(map(repr, action.choices))))
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError:
+            kind = getattr(action.type, "__name__", "")
+            if kind in ("int", "float"):
+                raise CliError(msg("argparse.invalid_value", arg=argparse._get_action_name(action),
+                                   type=msg(f"phrase.{kind}"), got=repr(arg_string))
+                               ) from None
+            raise
 
     def format_usage(self) -> str:
         return super().format_usage().replace("usage: ", self.usage_prefix, 1)
@@ -44,10 +101,10 @@ def int_list(text: str, option: str, *, example: str = "256,1024") -> tuple[int,
     try:
         values = tuple(int(item) for item in text.replace(",", " ").split())
     except ValueError:
-        raise CliError(f"{option}: expected comma-separated integers like {example}, "
-                       f"got {text!r}") from None
+        raise CliError(msg("cli.int_list", flag=option, example=example,
+                           got=repr(text))) from None
     if not values or min(values) < 1:
-        raise CliError(f"{option}: expected positive integers like {example}, got {text!r}")
+        raise CliError(msg("cli.positive_ints", flag=option, example=example, got=repr(text)))
     return values
 
 
@@ -56,25 +113,25 @@ def parse_matrix(text: str) -> np.ndarray:
     path = Path(text)
     if text.endswith(".npy"):
         if not path.is_file():
-            raise CliError(f"--x: file not found: {text}")
+            raise CliError(msg("cli.file_not_found", flag="--x", path=text))
+        with path.open("rb") as f:
+            if f.read(6) != b"\x93NUMPY":  # np.load would try it as a pickle
+                raise CliError(msg("cli.not_npy", flag="--x", path=text))
         try:
-            with path.open("rb") as f:
-                if f.read(6) != b"\x93NUMPY":  # np.load would try it as a pickle
-                    raise CliError(f"--x: {text} is not a .npy file (no NumPy header)")
             return np.asarray(np.load(path, allow_pickle=False))
         except (ValueError, OSError, EOFError) as exc:
-            raise CliError(f"--x: could not read {text} as a .npy array ({exc})") from None
+            raise CliError(msg("cli.bad_npy", flag="--x", path=text, detail=exc)) from None
     if text.endswith((".csv", ".txt")):
         if not path.is_file():
-            raise CliError(f"--x: file not found: {text}")
+            raise CliError(msg("cli.file_not_found", flag="--x", path=text))
         try:
             with warnings.catch_warnings():  # "input contained no data": reported below
                 warnings.simplefilter("ignore", UserWarning)
                 matrix = np.atleast_2d(np.loadtxt(path, delimiter=",", ndmin=2))
         except (ValueError, OSError) as exc:
-            raise CliError(f"--x: could not read {text} as a numeric CSV ({exc})") from None
+            raise CliError(msg("cli.bad_csv", flag="--x", path=text, detail=exc)) from None
         if matrix.size == 0:
-            raise CliError(f"--x: {text} holds no numbers")
+            raise CliError(msg("cli.empty_csv", flag="--x", path=text))
         return matrix
     stripped = text.strip()
     try:
@@ -87,12 +144,9 @@ def parse_matrix(text: str) -> np.ndarray:
                     enumerate(stripped.removesuffix(";").split(";"))]
         matrix = np.array(rows, dtype=np.float64)
     except (ValueError, TypeError):
-        raise CliError(
-            f"--x: expected a matrix like '1,0,1,0; 0,2,0,2' or '[[1,0],[0,1]]' "
-            f"or a .npy/.csv file, got {text!r}"
-        ) from None
+        raise CliError(msg("cli.matrix", flag="--x", got=repr(text))) from None
     if matrix.ndim != 2:
-        raise CliError(f"--x: expected a 2-D matrix (rows = tokens), got shape {matrix.shape}")
+        raise CliError(msg("cli.matrix_2d", flag="--x", shape=matrix.shape))
     return matrix
 
 
@@ -101,9 +155,8 @@ def _inline_row(row: str, number: int, text: str) -> list[float]:
     field ("1,,2") or an empty row ("1,2;;3,4") is an error, never skipped."""
     fields = row.split(",") if "," in row else row.split()
     if not fields or any(not field.strip() for field in fields):
-        raise CliError(f"--x: row {number} of {text!r} has an empty "
-                       f"{'row' if not row.strip() else 'field'} ({row.strip()!r}); "
-                       "expected numbers separated by commas, rows by ';'")
+        raise CliError(msg("cli.empty_row" if not row.strip() else "cli.empty_field", flag="--x",
+                           number=number, text=repr(text), row=repr(row.strip())))
     return [float(field) for field in fields]
 
 
@@ -140,21 +193,21 @@ def prepare_out_dir(text: str, flag: str = "--out") -> Path:
     ``flag`` at once, not after minutes of measuring.
     """
     if not text.strip():
-        raise CliError(f"{flag}: expected a folder, got an empty string")
+        raise CliError(msg("cli.folder_empty", flag=flag))
     path = Path(text)
     if path.exists() and not path.is_dir():
-        raise CliError(f"{flag}: expected a folder, got {text}, which is a file")
+        raise CliError(msg("cli.folder_is_file", flag=flag, path=text))
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CliError(f"{flag}: could not create the folder {text} "
-                       f"({exc.strerror or exc})") from None
+        raise CliError(msg("cli.folder_failed", flag=flag, path=text,
+                           detail=exc.strerror or exc)) from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise CliError(f"{flag}: the folder {text} is not writable")
+        raise CliError(msg("cli.folder_readonly", flag=flag, path=text))
     return path
 
 
-def check_memory(nbytes: float, flag: str, what: str) -> None:
+def check_memory(nbytes: float, flag: str, what: str | Message) -> None:
     """Refuse a run that needs more than this machine's physical memory, naming ``flag``.
 
     Better than the alternative: the kernel's out-of-memory killer ending the
@@ -165,5 +218,5 @@ def check_memory(nbytes: float, flag: str, what: str) -> None:
     except (ValueError, OSError, AttributeError):  # not available on this platform
         return
     if total > 0 and nbytes > total:
-        raise CliError(f"{flag}: {what} needs about {nbytes / 2**30:,.1f} GiB, more than this "
-                       f"machine's {total / 2**30:,.1f} GiB of memory; use smaller sizes")
+        raise CliError(msg("cli.memory", flag=flag, what=what, need=f"{nbytes / 2**30:,.1f}",
+                           total=f"{total / 2**30:,.1f}"))

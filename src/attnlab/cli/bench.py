@@ -4,9 +4,13 @@
     attnlab bench                               # the full suite into attnlab-bench/
     attnlab bench --sections attention --lengths 1024,4096 --threads 2 --causal
     attnlab bench --sections generate --prompt-len 512 --new-tokens 512
+    attnlab bench --roofline                    # this machine's peaks and each path's share
 
 Prints the tables on stdout, a progress bar on stderr, and writes results.json,
-table.txt and PNG plots into ``--out``.
+table.txt and PNG plots into ``--out``. ``--roofline`` measures this machine's peaks
+(sgemm, exp, memory bandwidth) and each attention path's share of the one that
+limits it instead, into roofline.json, roofline.txt and roofline.png
+(:mod:`attnlab.studies.roofline`); with ``--quick``, at tiny sizes.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import dataclasses
 import sys
 from typing import Any
 
+from ..messages import msg
 from .args import CliError, int_list, prepare_out_dir
 
 DEFAULT_OUT = "attnlab-bench"
@@ -44,6 +49,13 @@ def add_parser(sub: Any) -> None:
                    help="a sample lasts at least this long; faster calls are looped "
                    "(default 0.05, --quick 0.01)")
     p.add_argument("--seed", type=int, default=0, help="seed of inputs and model (default 0)")
+    p.add_argument("--roofline", action="store_true",
+                   help="measure this machine's peaks (sgemm, exp, memory bandwidth) and each "
+                   "attention path's share of its limiting bound instead (~30 s; --quick: tiny "
+                   "sizes)")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="with --roofline: time by the process's CPU time, not wall time (the "
+                   "steadier figure at one thread on a shared machine)")
     att = p.add_argument_group("attention")
     att.add_argument("--lengths", metavar="T,T,...",
                      help="sequence lengths T = S (default 256,512,1024,2048,4096; "
@@ -78,7 +90,8 @@ def _name_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, .
     names = tuple(item.strip() for item in text.split(",") if item.strip())
     unknown = [n for n in names if n not in allowed]
     if not names or unknown:
-        raise CliError(f"{option}: expected names from {', '.join(allowed)}, got {text!r}")
+        raise CliError(msg("cli.names_from", flag=option, names=", ".join(allowed),
+                           got=repr(text)))
     return names
 
 
@@ -108,13 +121,15 @@ def build_config(args: argparse.Namespace) -> Any:
                    "generate_repeats"):
         if option in overrides and overrides[option] < 1:
             flag = "--" + option.replace("_", "-")
-            raise CliError(f"{flag}: expected an integer >= 1, got {overrides[option]}")
+            raise CliError(msg("check.integer_at_least", name=flag, low=1,
+                               got=overrides[option]))
     if "new_tokens" in overrides and overrides["new_tokens"] < 0:
-        raise CliError(f"--new-tokens: expected an integer >= 0, got {overrides['new_tokens']}")
+        raise CliError(msg("check.integer_at_least", name="--new-tokens", low=0,
+                           got=overrides["new_tokens"]))
     for option in ("min_time", "max_memory"):
         if option in overrides and not 0 <= overrides[option] < float("inf"):
             flag = "--" + option.replace("_", "-")
-            raise CliError(f"{flag}: expected a number >= 0, got {overrides[option]}")
+            raise CliError(msg("cli.number_at_least_0", flag=flag, got=overrides[option]))
     if args.quick:
         return BenchConfig.quick(**overrides)
     return dataclasses.replace(BenchConfig(), **overrides)
@@ -144,7 +159,32 @@ class _ProgressBar:
         self.stream.flush()
 
 
+def run_roofline(args: argparse.Namespace) -> int:
+    from ..studies.roofline import RooflineConfig, run_roofline
+    from ..studies.roofline_report import format_roofline, write_roofline
+
+    overrides: dict[str, Any] = {}
+    for option in ("threads", "repeats"):
+        value = getattr(args, option)
+        if value is not None:
+            if value < 1:
+                raise CliError(f"--{option}: expected an integer >= 1, got {value}")
+            overrides[option] = value
+    if args.cpu_time:
+        overrides["cpu_time"] = True
+    config = (RooflineConfig.quick(**overrides) if args.quick
+              else dataclasses.replace(RooflineConfig(), **overrides))
+    prepare_out_dir(args.out)
+    result = run_roofline(config)
+    print(format_roofline(result, args.lang))
+    for path in write_roofline(result, args.out, plots=not args.no_plots, lang=args.lang):
+        print(f"wrote {path}" if args.lang == "en" else f"已写入 {path}", file=sys.stderr)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.roofline:
+        return run_roofline(args)
     from ..report.localize import localize
     from ..studies.bench import run_benchmarks
     from ..studies.bench_report import format_table, write_report

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..messages import msg
 from .args import CliError, parse_matrix, prepare_out_dir, text_argument
 
 #: explain prints every matrix; past this many numbers the text is unreadable and
@@ -67,14 +68,13 @@ def run(args: argparse.Namespace) -> int:
 
     tokens = text_argument(args.tokens, "--tokens").split() if args.tokens is not None else None
     if tokens is not None and not tokens:
-        raise CliError("--tokens: expected at least one token, got an empty string")
+        raise CliError(msg("cli.tokens_empty"))
     X = parse_matrix(args.x) if args.x is not None else None
     if not 0 <= args.precision <= 12:
-        raise CliError(f"--precision: expected 0..12, got {args.precision}")
+        raise CliError(msg("cli.precision", got=args.precision))
     if args.d_model is not None and (X is not None or tokens is None):
-        raise CliError("--d-model: only used with --tokens and no --x (the width of the toy "
-                       f"embeddings), got --d-model {args.d_model} with "
-                       f"{'--x' if X is not None else 'no --tokens'}")
+        raise CliError(msg("cli.d_model_with_x" if X is not None else "cli.d_model_no_tokens",
+                           got=args.d_model))
     d_model = 4 if args.d_model is None else args.d_model
     if X is not None and X.ndim == 2:
         T, E = X.shape
@@ -114,8 +114,8 @@ def _padding(text: str, T: int) -> Any:
 
     fields = text.replace(",", " ").split()
     if any(f not in ("0", "1") for f in fields) or len(fields) != T:
-        raise CliError(f"--padding: expected {T} values of 1 (a real token) or 0 (padding), "
-                       f"one per token, like {','.join(['1'] * (T - 1) + ['0'])}, got {text!r}")
+        raise CliError(msg("cli.padding", count=T, example=",".join(["1"] * (T - 1) + ["0"]),
+                           got=repr(text)))
     return np.array([f == "1" for f in fields])
 
 
@@ -131,8 +131,5 @@ def _check_printable(T: int, E: int, H: int, D: int, causal: bool) -> None:
     per_head = 4 * T * D + (4 if causal else 3) * T * T
     count = T * E + 3 * E * H * D + H * per_head + (T * H * D if H > 1 else 0)
     if count > MAX_PRINTED:
-        raise CliError(
-            f"--x/--tokens/--d-model/--heads/--d-k: explain prints every matrix, and T = {T} "
-            f"tokens, E = {E}, {H} head(s) of d_k = {D} would print {count:,} numbers, more "
-            f"than {MAX_PRINTED:,}; use smaller sizes, or attnlab.explain() from Python"
-        )
+        raise CliError(msg("cli.too_much_to_print", T=T, E=E, H=H, D=D, count=f"{count:,}",
+                           limit=f"{MAX_PRINTED:,}"))

@@ -1,29 +1,29 @@
 # ruff: noqa: E501  (a message catalog: a Chinese sentence reads best on one line)
-"""``attnlab … --lang zh``: the command line in Chinese — ``--help`` and error messages.
+"""``attnlab … --lang zh``: the command line's ``--help`` in Chinese.
 
 The parsers are written once, in English; :func:`localize_parser` replaces each help
 text by its Chinese from :data:`HELP_ZH` (keyed by command and option, not by the
-English text), and :func:`localize_error` turns an error message into Chinese by the
-patterns of :data:`ERROR_ZH` (argparse's own messages and the commands' checks).
+English text). Error messages are keyed (:mod:`attnlab.messages`) and rendered in the
+language of ``--lang`` by :func:`attnlab.cli.main`.
 Names stay as they are: options, Q, K, V, softmax, file names, numbers.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Sequence
 
-__all__ = ["ERROR_ZH", "HELP_ZH", "wants_chinese", "localize_error", "localize_parser"]
+__all__ = ["HELP_ZH", "wants_chinese", "localize_parser"]
 
 #: (command, option) -> Chinese help; option "" = the command's one-line help,
 #: "description" = its description, "NAMES" = a positional argument's dest.
 HELP_ZH: dict[tuple[str, str], str] = {
     ("", "description"): "从零开始，一步一步地计算自注意力。",
     ("", "--help"): "显示帮助并退出",
+    ("", "--lang"): "帮助、错误信息和命令输出的语言",
     # explain
     ("explain", ""): "打印自注意力的每一步（X → Q、K、V → QKᵀ → 缩放 → softmax → ·V）",
-    ("explain", "description"): "一步一步地计算自注意力。不加任何选项时：使用种子文章 000 的例子 "
+    ("explain", "description"): "一步一步地计算自注意力。不加任何选项时：使用原文 000 的例子 "
                                 "X = [[1,0,1,0],[0,2,0,2],[1,1,1,1]]，d_k = 3，权重由 --seed 随机生成。",
     ("explain", "--tokens"): "词元标签，用空格分隔，例如 \"小明 去了 学校\"；不给 --x 时，每个词元得到一个固定的玩具嵌入向量",
     ("explain", "--x"): "输入 X（T×E）：直接写 '1,0,1,0; 0,2,0,2' 或 JSON，或一个 .npy/.csv 文件",
@@ -31,20 +31,29 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("explain", "--d-model"): "只给 --tokens、不给 --x 时嵌入向量的宽度（默认 4）",
     ("explain", "--heads"): "注意力头的个数（默认 1）",
     ("explain", "--causal"): "因果掩码：不能看到后面的词元",
-    ("explain", "--no-scale"): "去掉除以 √d_k 的缩放，看看种子文章为什么要缩放",
+    ("explain", "--no-scale"): "去掉除以 √d_k 的缩放，看看原文为什么要缩放",
     ("explain", "--pos"): "位置编码：sinusoidal（正弦）或 learned（可学习），加到 X 上；rope 旋转 Q 和 K；默认 none（不加）",
-    ("explain", "--wo"): "用 Wo 投影多头的输出（种子文章 001 的最后一个线性层）",
+    ("explain", "--wo"): "用 Wo 投影多头的输出（原文 001 的最后一个线性层）",
     ("explain", "--residual"): "残差连接：x + attention(x)（隐含 --wo）",
-    ("explain", "--norm"): "层归一化：post 在残差之后（种子文章 001 的代码），pre 在注意力之前；隐含 --residual",
+    ("explain", "--norm"): "层规范化：post 在残差之后（原文 001 的代码），pre 在注意力之前；隐含 --residual",
     ("explain", "--padding"): "填充掩码，每个词元一个值：1 表示真实词元，0 表示填充；任何词元都不关注填充",
     ("explain", "--split"): "多头的拆分方式：seed000（每个头取 Wq 的各自列）或 seed001（一次投影后 .view(T, H, d_k).transpose）；二者是同一个计算",
     ("explain", "--seed"): "随机权重的种子（默认 0）",
-    ("explain", "--init"): "权重初始化方式（默认 normal，与种子文章的 randn 相同）",
+    ("explain", "--init"): "权重初始化方式（默认 normal，与原文的 randn 相同）",
     ("explain", "--lang"): "输出语言",
     ("explain", "--format"): "输出格式（默认 text）",
     ("explain", "--precision"): "打印的小数位数（默认 4）",
     ("explain", "--out"): "同时把 heatmap.png、heatmap.svg、trace.json、trace.md 写到这个文件夹",
     ("inspect", ""): "在一段文本上运行真实模型（all-MiniLM-L6-v2），查看每一个注意力头",
+    # verify
+    ("verify", ""): "核对一个 Hugging Face 模型的注意力：float64 朴素路径、eager 与 sdpa 逐层对比",
+    ("verify", "description"): "在 attnlab 的 float64 朴素路径、eager 和 sdpa（以及 attnlab 的融合路径）上用同一个含填充的批运行一个 Hugging Face 模型文件夹；逐层打印隐藏状态和注意力权重的最大误差、第一个超出 FlashAttention 的 2 倍规则的层，以及差异是舍入误差还是错误。有候选实现超出规则时退出状态为 3。",
+    ("verify", "model"): "本地模型文件夹（config.json、权重、分词器文件）",
+    ("verify", "--text"): "一段输入文本（可重复，组成一个批；默认两句长度不同的句子，使批含填充）",
+    ("verify", "--dtype"): "eager、sdpa 和 attnlab 运行时的浮点类型（默认 float32）",
+    ("verify", "--padding-side"): "在哪一侧填充（默认：分词器的设置）",
+    ("verify", "--json"): "以 JSON 打印报告",
+    ("verify", "--lang"): "输出语言",
     # lens
     ("lens", ""): "哪些注意力头重要：消融、头的重要性与注意力展开（rollout）",
     ("lens", "description"): "用 attnlab 自己的注意力在 TEXT（以及 --pair 给出的另一段文本）上运行预训练 BERT（默认是随包提供的 all-MiniLM-L6-v2）：逐个把每个头、每一层置零，测量与原模型的余弦一致度下降；按 Michel 等人的重要性 |∂cos/∂ξ| 给头排序；把注意力在各层上展开。--study 在随 attnlab 提供的中英文句子对上做完整的研究。",
@@ -58,10 +67,13 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("train", ""): "在合成任务上训练一个小解码器，观察注意力头如何形成",
     # inspect
     ("inspect", "description"): "用 attnlab 自己的注意力在 TEXT 上运行预训练 BERT（默认是随包提供的 all-MiniLM-L6-v2）；写出热力图、可交互的 HTML 查看器和诊断（熵、稀疏度、[CLS]/[SEP] 汇聚、位置头、头之间的差异）。",
-    ("inspect", "text"): "要运行的文本（默认是 seed 001 的例句 “The animal didn't cross the street because it was too tired.”，--lang zh 时是 “天上有月，水中也有月。”）",
+    ("inspect", "text"): "要运行的文本（默认是 Google 2017 年 Transformer 博客和《The Illustrated Transformer》里的例句 “The animal didn't cross the street because it was too tired.”，--lang zh 时是 “天上有月，水中也有月。”）",
     ("inspect", "--layer"): "只看这些层（从 1 开始编号）",
     ("inspect", "--head"): "只看这些头（从 1 开始编号）",
-    ("inspect", "--model"): "一个 BERT 文件夹（config.json、model.safetensors、tokenizer.json），代替随包提供的 MiniLM",
+    ("inspect", "--model"): "一个 Hugging Face 模型文件夹（或能连上 Hub 时的模型名），编码器或解码器都可以，使用它自己的分词器；BERT 文件夹用 attnlab 自己的注意力运行，其他模型通过 transformers 的 eager 注意力运行（默认：随包提供的 MiniLM）",
+    ("inspect", "--pair"): "第二个句子（句子 B）：页面上会有 A/B 过滤",
+    ("inspect", "--generate"): "仅限解码器：在 TEXT 之后贪心生成 N 个词元；页面把提示词与生成的词元区分开，并有一个随 KV 缓存增长的步骤滑块",
+    ("inspect", "--trust-remote-code"): "允许 transformers 运行模型文件夹里附带的代码（默认从不运行）",
     ("inspect", "--out"): "输出文件夹（默认 attnlab-inspect/）",
     ("inspect", "--find"): "列出从词元 A 到词元 B 权重最大的头，例如 “it->animal”（默认文本自带一个）",
     ("inspect", "--max-length"): "最多运行 N 个词元（不超过模型的位置数：MiniLM 是 512；默认用模型配置的长度，MiniLM 是 256）",
@@ -152,6 +164,8 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("bench", "--repeats"): "每个点计时的次数；报告中位数和最小–最大值（默认 5）",
     ("bench", "--min-time"): "每个样本至少持续这么久；更快的调用会循环执行（默认 0.05，--quick 时 0.01）",
     ("bench", "--seed"): "输入和模型的种子（默认 0）",
+    ("bench", "--cpu-time"): "与 --roofline 一起使用：按进程的 CPU 时间而不是墙钟时间计时（在与他人共用的机器上，单线程时更稳定）",
+    ("bench", "--roofline"): "改为测量本机峰值（sgemm、exp、内存带宽）以及每条注意力路径达到其受限上限的比例（约 30 秒；--quick：极小规模）",
     ("bench", "--lengths"): "序列长度 T = S（默认 256,512,1024,2048,4096；--quick 时 128,256,512）",
     ("bench", "--contenders"): "用逗号分隔，可选 numpy_naive、numpy_flash、torch_naive、torch_sdpa、attnlab_torch（默认全部）",
     ("bench", "--batch"): "B（默认 1）",
@@ -176,58 +190,11 @@ HELP_ZH: dict[tuple[str, str], str] = {
 _HEADINGS = {"usage: ": "用法：", "positional arguments:": "位置参数：", "options:": "选项：",
              "show this help message and exit": "显示帮助并退出"}
 
-#: (pattern, Chinese) for error messages, most specific first.
-ERROR_ZH: list[tuple[str, str]] = [
-    (r"^attnlab(?: (\w+))?: argument (\S+): invalid choice: (.+?) \(choose from (.+)\)$",
-     r"参数 \2：无效的选择 \3（可选：\4）"),
-    (r"^attnlab(?: (\w+))?: argument (\S+): invalid (int|float) value: (.+)$",
-     r"参数 \2：\4 不是有效的数字"),
-    (r"^attnlab(?: (\w+))?: argument (\S+): expected one argument$", r"参数 \2：需要一个值"),
-    (r"^attnlab(?: (\w+))?: the following arguments are required: (.+)$", r"缺少必需的参数：\2"),
-    (r"^attnlab(?: (\w+))?: unrecognized arguments: (.+)$", r"无法识别的参数：\2"),
-    (r"^--padding: expected (\d+) values of 1 \(a real token\) or 0 \(padding\), one per token, "
-     r"like (\S+), got (.+)$", r"--padding：需要 \1 个值，每个词元一个，1 表示真实词元、0 表示填充，例如 \2；实际得到 \3"),
-    (r"^d_k: pos='rope' rotates pairs of features, expected an even d_k, got (\d+)$",
-     r"d_k：pos='rope' 成对旋转特征，需要偶数的 d_k，实际得到 \1"),
-    (r"^num_heads: split='seed001' divides E = (\d+) into (\d+) heads \(seed 001's assert "
-     r"d_model % h == 0\), got a remainder (\d+)$",
-     r"num_heads：split='seed001' 把 E = \1 平分给 \2 个头（种子文章 001 的 assert d_model % h == 0），余数为 \3"),
-    (r"^d_k: split='seed001' uses d_k = E / H = (\d+), got (\d+)$",
-     r"d_k：split='seed001' 使用 d_k = E / H = \1，实际得到 \2"),
-    (r"^--tokens: expected at least one token, got an empty string$",
-     r"--tokens：至少需要一个词元，实际得到空字符串"),
-    (r"^--precision: expected 0\.\.12, got (.+)$", r"--precision：需要 0..12，实际得到 \1"),
-    (r"^--x: expected a matrix like (.+) or a \.npy/\.csv file, got (.+)$",
-     r"--x：需要一个矩阵，例如 \1，或一个 .npy/.csv 文件；实际得到 \2"),
-    (r"^--x: file not found: (.+)$", r"--x：找不到文件：\1"),
-    (r"^--x: row (\d+) of (.+) has an empty (field|row) \((.*)\); expected numbers separated "
-     r"by commas, rows by ';'$", r"--x：\2 的第 \1 行有空的字段（\4）；数字之间用逗号分隔，行之间用 ';' 分隔"),
-    (r"^(\S+): expected an integer >= 1, got (.+)$", r"\1：需要 ≥ 1 的整数，实际得到 \2"),
-    (r"^(\S+): expected positive integers like (\S+), got (.+)$",
-     r"\1：需要正整数，例如 \2；实际得到 \3"),
-    (r"^(\S+): expected comma-separated integers like (\S+), got (.+)$",
-     r"\1：需要用逗号分隔的整数，例如 \2；实际得到 \3"),
-    (r"^(--\S+): expected a folder, got (.+), which is a file$", r"\1：需要一个文件夹，但 \2 是一个文件"),
-    (r"^(--\S+): could not create the folder (.+)$", r"\1：无法创建文件夹 \2"),
-    # The general shape of every attnlab message: "<argument>: expected <what>, got <value>".
-    (r"^([\w\-\[\]\.]+): expected (.+), got (.+)$", r"\1：期望 \2，实际得到 \3"),
-]
-_ERRORS = [(re.compile(pattern), repl) for pattern, repl in ERROR_ZH]
-
-
 def wants_chinese(argv: Sequence[str]) -> bool:
     """Whether the command line asks for Chinese (``--lang zh`` or ``--lang=zh``)."""
     items = list(argv)
     return "--lang=zh" in items or any(a == "--lang" and b == "zh"
                                        for a, b in zip(items, items[1:], strict=False))
-
-
-def localize_error(message: str) -> str:
-    """One error line in Chinese (its first matching pattern), prefixed 错误："""
-    for pattern, repl in _ERRORS:
-        if pattern.match(message):
-            return "错误：" + pattern.sub(repl, message, count=1)
-    return "错误：" + message
 
 
 def localize_parser(parser: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..messages import msg
 from .args import CliError, prepare_out_dir, text_argument
 
 
@@ -68,14 +69,14 @@ def run(args: argparse.Namespace) -> int:
 
     zh = args.lang == "zh"
     if args.study == (args.text is not None):
-        raise CliError("text: expected a TEXT, or --study (not both)")
+        raise CliError(msg("cli.text_or_study" if args.study else "cli.text_needed"))
     if args.study and args.pair is not None:
-        raise CliError("--pair: not with --study (the study reads the shipped pairs)")
+        raise CliError(msg("cli.pair_with_study"))
     texts = [] if args.study else [text_argument(args.text, "text")]
     if args.pair is not None:
         texts.append(text_argument(args.pair, "--pair"))
     if any(not t.strip() for t in texts):
-        raise CliError("text: expected some text, got an empty string")
+        raise CliError(msg("cli.text_empty", flag="text"))
     out = prepare_out_dir(args.out)
     model = load_bert(args.model) if args.model else load_minilm()
     written = []

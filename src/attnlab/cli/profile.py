@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from ..messages import msg
 from .args import CliError, check_memory, int_list, prepare_out_dir
 
 MODEL_CHOICES = ("minilm", "bert-base", "tiny")
@@ -56,7 +57,7 @@ def add_parser(sub: Any) -> None:
 
 def _positive(value: int, option: str) -> int:
     if value < 1:
-        raise CliError(f"{option}: expected a positive integer, got {value}")
+        raise CliError(msg("cli.positive", flag=option, got=value))
     return value
 
 
@@ -64,7 +65,8 @@ def _model_names(text: str) -> list[str]:
     names = [item.strip() for item in text.split(",") if item.strip()]
     unknown = [n for n in names if n not in MODEL_CHOICES]
     if not names or unknown:
-        raise CliError(f"--models: expected names from {', '.join(MODEL_CHOICES)}, got {text!r}")
+        raise CliError(msg("cli.names_from", flag="--models", names=", ".join(MODEL_CHOICES),
+                           got=repr(text)))
     return list(dict.fromkeys(names))
 
 
@@ -104,12 +106,11 @@ def _check_sizes(names: list[str], seq_lens: list[int], batch: int) -> None:
     T = max(seq_lens)
     n_scores = batch * heads * T * T
     if n_scores > MAX_SCORE_ELEMENTS:
-        raise CliError(f"--seq-lens/--batch: T = {T} with batch {batch} and {heads} heads needs "
-                       f"a score matrix of {n_scores:,} elements, more than the limit of "
-                       f"{MAX_SCORE_ELEMENTS:,} (attnlab.attention.MAX_SCORE_ELEMENTS)")
+        raise CliError(msg("cli.profile_scores", T=T, batch=batch, heads=heads,
+                           count=f"{n_scores:,}", limit=f"{MAX_SCORE_ELEMENTS:,}"))
     # A block's attention holds about five float32 arrays of the scores' size at once.
     check_memory(5 * 4 * n_scores, "--seq-lens/--batch",
-                 f"T = {T} with batch {batch} ({heads} heads)")
+                 msg("cli.profile_what", T=T, batch=batch, heads=heads))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     threads = _positive(args.threads, "--threads")
     batch = _positive(args.batch, "--batch")
     if args.seed < 0:
-        raise CliError(f"--seed: expected an integer >= 0, got {args.seed}")
+        raise CliError(msg("check.integer_at_least", name="--seed", low=0, got=args.seed))
     _check_sizes(names, seq_lens, batch)
     folder = prepare_out_dir(args.out) if args.out is not None else None
 

@@ -18,6 +18,7 @@ import json
 import sys
 from typing import Any
 
+from ..messages import msg
 from .args import CliError, check_memory, prepare_out_dir
 
 LAYOUT_CHOICES = ("contiguous", "zigzag", "striped")
@@ -64,7 +65,7 @@ def add_parser(sub: Any) -> None:
 
 def _positive(value: int, option: str) -> int:
     if value < 1:
-        raise CliError(f"{option}: expected a positive integer, got {value}")
+        raise CliError(msg("cli.positive", flag=option, got=value))
     return value
 
 
@@ -77,15 +78,15 @@ def _settings(args: argparse.Namespace) -> Any:
     H = _positive(args.heads, "--heads")
     Hkv = H if args.kv_heads is None else _positive(args.kv_heads, "--kv-heads")
     if H % Hkv:
-        raise CliError(f"--kv-heads: expected a divisor of --heads {H}, got {Hkv}")
+        raise CliError(msg("ring.kv_heads", heads=H, kv_heads=Hkv))
     D = _positive(args.head_dim, "--head-dim")
     B = _positive(args.batch, "--batch")
     threads = _positive(args.threads, "--threads")
     repeats = _positive(args.repeats, "--repeats")
     if args.seed < 0:
-        raise CliError(f"--seed: expected an integer >= 0, got {args.seed}")
+        raise CliError(msg("check.integer_at_least", name="--seed", low=0, got=args.seed))
     if not args.timeout > 0:
-        raise CliError(f"--timeout: expected seconds > 0, got {args.timeout}")
+        raise CliError(msg("cli.timeout", got=args.timeout))
     check_length(T, W, args.layout, "--seq")
     itemsize = 8 if args.dtype == "float64" else 4
     # Inputs in full on every rank while sharding, plus the scores of a 1024-row chunk.
@@ -99,6 +100,8 @@ def _settings(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None and not args.simulate:  # it used to be ignored without a word
+        raise CliError(msg("ring.out_needs_simulate"))
     settings = _settings(args)
     folder = prepare_out_dir(args.out) if args.out is not None else None
     if args.simulate:

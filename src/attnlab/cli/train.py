@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+from ..errors import MissingExtraError
+from ..messages import msg
 from .args import CliError, prepare_out_dir
 
 TASKS = ("sort", "reverse", "copy", "induction", "modadd")
@@ -102,7 +104,7 @@ class _Progress:
 
 def _positive(value: int | None, flag: str) -> None:
     if value is not None and value < 1:
-        raise CliError(f"{flag}: expected a positive integer, got {value}")
+        raise CliError(msg("cli.positive", flag=flag, got=value))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,14 +114,17 @@ def run(args: argparse.Namespace) -> int:
                         ("--threads", args.threads), ("--seeds", args.seeds)):
         _positive(value, flag)
     if args.seed < 0:
-        raise CliError(f"--seed: expected an integer >= 0, got {args.seed}")
+        raise CliError(msg("check.integer_at_least", name="--seed", low=0, got=args.seed))
     if args.study is None and args.task is None:
-        raise CliError("train: expected a TASK (one of " + ", ".join(TASKS) + ") or --study")
+        raise CliError(msg("cli.task_needed", tasks=", ".join(TASKS)))
     if args.study is not None and args.task is not None:
-        raise CliError("train: expected a TASK or --study, not both")
+        raise CliError(msg("cli.task_or_study"))
     out = prepare_out_dir(args.out)
 
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise MissingExtraError(msg("train.needs_torch")) from None
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -153,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
                    on_step=_Progress("训练" if zh else "training"))
     metrics = result.metrics()
     metrics["threads"] = torch.get_num_threads()
-    if task.period is not None:
+    if task.period is not None and result.diverged_at is None:
         metrics["ablation"] = ablation_check(result)
 
     written = []
@@ -161,6 +166,16 @@ def run(args: argparse.Namespace) -> int:
     path.write_text(json.dumps(metrics, ensure_ascii=False, indent=2, allow_nan=False) + "\n",
                     encoding="utf-8")
     written.append(path)
+    if result.diverged_at is not None:  # one line, the metrics kept; no plots of a broken run
+        last = result.losses[-1] if len(result.losses) else math.nan
+        what = (msg("train.weights_nonfinite") if math.isfinite(last)
+                else msg("train.loss_nonfinite", loss=last))
+        params = {"step": result.diverged_at, "what": what, "lr": config.lr, "path": path,
+                  "last_step": metrics["last_finite_step"]}
+        if params["last_step"] is None:
+            raise CliError(msg("train.diverged_nowhere", **params))
+        raise CliError(msg("train.diverged", last_loss=f"{metrics['last_finite_loss']:.4g}",
+                           **params))
     import numpy as np
 
     path = out / "attention.npz"

@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import AttnlabError, ShapeError, check_positive_int, describe
+from ..messages import msg
 
 __all__ = [
     "LAYOUTS",
@@ -70,6 +71,7 @@ def padded_length(T: int, *, world_size: int, layout: Layout) -> int:
     thrown away by the caller).
     """
     chunks = _chunks(check_layout(layout), check_positive_int(world_size, "world_size"))
+    T = check_positive_int(T, "T", allow_zero=True)
     return -(-T // chunks) * chunks
 
 
@@ -77,13 +79,9 @@ def check_length(T: int, world_size: int, layout: Layout, name: str = "T") -> in
     """The shard length T / W, or a ShapeError naming the layout's divisibility rule."""
     chunks = _chunks(layout, world_size)
     if T % chunks:
-        rule = ("2W" if layout == "zigzag" else "W") + f" = {chunks}"
-        raise ShapeError(
-            f"{name}: the {layout} layout cuts the sequence into {rule} equal chunks, "
-            f"so the length must be a multiple of {chunks}, got {T}; pad it to "
-            f"{-(-T // chunks) * chunks} (attnlab.distributed.padded_length) and pass "
-            f"key_padding False on the padding"
-        )
+        raise ShapeError(msg("ring.length", name=name, layout=layout, chunks=chunks, T=T,
+                             rule="2W" if layout == "zigzag" else "W",
+                             padded=-(-T // chunks) * chunks))
     return T // world_size
 
 
@@ -158,6 +156,11 @@ def unshard(parts: Sequence[Any], *, layout: Layout, dim: int = -2) -> Any:
                            f"got {describe(parts)}")
     W = len(parts)
     first = parts[0]
+    for r, part in enumerate(parts):  # one kind for all: np.concatenate / torch.cat need it
+        if not hasattr(part, "shape") or (isinstance(part, np.ndarray)
+                                          != isinstance(first, np.ndarray)):
+            raise AttnlabError(msg("ring.unshard_kind", index=r, kind=type(first).__name__,
+                                   got=describe(part)))
     axis = _dim(first.ndim, dim, "parts[0]")
     for r, part in enumerate(parts):
         if tuple(part.shape) != tuple(first.shape):

@@ -260,6 +260,8 @@ def ring_attention(
         "q shape": tuple(q.shape), "k shape": tuple(k.shape), "v shape": tuple(v.shape),
         "dtype": str(q.dtype), "key_padding": key_padding is not None, "layout": layout,
         "is_causal": is_causal, "scale": scale_value,
+        # a rank that will run the backward waits there for its peers: all or none
+        "requires_grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
     }
     agree(summary, problem, rank, world_size, group, "q, k, v")
     n = q.shape[-2]
@@ -267,6 +269,13 @@ def ring_attention(
         # Every rank sees the same n (agreed above), so every rank raises this.
         raise DistributedError(f"q: the zigzag layout holds two chunks per rank, so the shard "
                            f"length n must be even, got {n}")
+    if n == 0:  # empty shards on every rank (agreed): nothing to compute or send
+        B, H = q.shape[:2]
+        connect = (q.sum() + k.sum() + v.sum()) * 0  # 0, so that gradients reach q, k, v
+        out = q.new_zeros((B, H, 0, v.shape[-1])) + connect  # (B, H, 0, Dv)
+        lse = torch.full((B, H, 0), float("-inf"), dtype=accumulate_dtype(q.dtype),
+                         device=q.device) + connect.to(accumulate_dtype(q.dtype))  # (B, H, 0)
+        return (out, lse) if return_lse else out
     ring = _Ring(rank, world_size, group, ring_peers(rank, world_size, group), layout,
                  is_causal, scale_value, local_kernel or TorchLocalKernel(), stats)
     pad = None if key_padding is None else key_padding.contiguous()

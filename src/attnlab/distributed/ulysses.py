@@ -117,6 +117,8 @@ def ulysses_attention(
         "q shape": tuple(q.shape), "k shape": tuple(k.shape), "v shape": tuple(v.shape),
         "dtype": str(q.dtype), "key_padding": key_padding is not None, "layout": layout,
         "is_causal": is_causal, "scale": scale_value,
+        # a rank that will run the backward waits there for its peers: all or none
+        "requires_grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
     }
     agree(summary, problem, rank, world_size, group, "q, k, v")
     B, H, n, _ = q.shape

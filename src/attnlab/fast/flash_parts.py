@@ -22,8 +22,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
+from ..messages import msg
 from . import flash_tiles
-from .flash_tiles import SKIP, ScoreUnits, Tiles
+from .flash_tiles import ScoreUnits, Tiles
 
 #: A part of the work holds at most this many scores per tile (its batch-heads ×
 #: block_q × block_k), unless one batch-head's tile is larger already: the
@@ -104,13 +105,8 @@ def check_weighable(lse1: np.ndarray, lse2: np.ndarray, dtype: np.dtype) -> None
                    & (np.spacing(top) > 4 * np.finfo(dtype).eps))  # (..., T)
     if unknown.any():
         row = tuple(int(i) for i in np.argwhere(unknown)[0])
-        raise AttnlabError(
-            f"lse1, lse2: expected log-sum-exps that can weigh the two parts, got "
-            f"{lse1[row]:.6g} and {lse2[row]:.6g} at row {row}: a finite fill this large "
-            "over a whole row leaves each part's key count below float64's rounding of "
-            "its lse; mask those keys with a boolean mask (an empty part has lse -inf and "
-            "merges exactly) or use a fill of magnitude at most 1e6"
-        )
+        raise AttnlabError(msg("flash.merge_unweighable", lse1=f"{lse1[row]:.6g}",
+                               lse2=f"{lse2[row]:.6g}", row=row))
 
 
 def split_lse(lse: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -157,44 +153,6 @@ def exact_references(
         with np.errstate(divide="ignore"):
             high[..., q0:q1, :] = np.where(empty, np.inf, 0.0 if ref is None else ref)
             low[..., q0:q1, :] = np.where(empty, 0.0, units.log(np.where(empty, 1.0, row_sum)))
-
-
-def softmax_deltas(
-    tile_weights: Callable[[int, int, int, int, np.ndarray | None], np.ndarray],
-    dout: np.ndarray, v_t: np.ndarray, tiles: Tiles, batch: tuple[int, ...], T: int, S: int,
-    block_q: int, block_k: int, dtype: np.dtype,
-) -> np.ndarray:
-    """The softmax-backward row sums δ (..., T, 1) of flash_attention_backward.
-
-    Shapes: dout (..., T, Dv) = ∂L/∂out; v_t (..., Dv, S);
-    ``tile_weights(q0, q1, k0, k1, blocked)`` gives a tile's recomputed weights
-    P (..., bq, bk).
-    """
-    # δ = Σ_S P ⊙ dP / Σ_S P, from the same P and dP tiles that the main pass
-    # uses (a first pass over the tiles). FlashAttention-2 takes δ = rowsum(dout
-    # ⊙ out) instead, equal in exact arithmetic and one pass cheaper, but it
-    # carries the forward's rounding of ``out``, independent of the dP it is
-    # subtracted from: float32 dq came out ~2-3x less accurate than the plain
-    # backward's on some BLAS kernels. Dividing by Σ P (1 up to the rounding of
-    # lse) makes δ the mean of dP under the very weights the main pass uses, so
-    # that dP - δ cancels as in the plain path: a query that sees one key gets dq = 0.
-    # This pass costs two of the backward's seven tile matmuls.
-    weighted = np.zeros((*batch, T, 2), dtype=dtype)  # (..., T, 2) [Σ P dP, Σ P]
-    for q0 in range(0, T, block_q):
-        q1 = min(q0 + block_q, T)
-        for k0 in range(0, S, block_k):
-            k1 = min(k0 + block_k, S)
-            blocked = tiles.blocked(q0, q1, k0, k1, None)
-            if blocked is SKIP:
-                continue
-            weights = tile_weights(q0, q1, k0, k1, blocked)  # (..., bq, bk) P
-            dscores = np.matmul(dout[..., q0:q1, :], v_t[..., k0:k1])  # (..., bq, bk) dP
-            dscores *= weights
-            weighted[..., q0:q1, 0] += dscores.sum(axis=-1)  # (..., bq)
-            weighted[..., q0:q1, 1] += weights.sum(axis=-1)  # (..., bq)
-    total = weighted[..., 1:]  # (..., T, 1)
-    delta = weighted[..., :1] / np.where(total == 0.0, 1.0, total)  # (..., T, 1)
-    return delta
 
 
 def as_forward(

@@ -40,6 +40,15 @@ WINDOW = 20.0
 
 SKIP = np.zeros((), dtype=bool)  # sentinel: the whole tile is masked out
 
+#: At most this many band masks are kept per call (a causal band needs one per tile
+#: shape on the diagonal; a window's two edges a few more).
+_BAND_CACHE_SIZE = 32
+
+#: Rows per piece of a tile on the edge of the causal band or window (see Tiles.pieces):
+#: each piece spans only the keys its rows reach. Smaller pieces skip more masked
+#: entries but make smaller, slower matmuls.
+PIECE_ROWS = 128
+
 
 class TileCounter(Protocol):
     """Counts of computed and skipped tiles, such as :class:`attnlab.fast.flash.FlashStats`."""
@@ -132,10 +141,10 @@ def online_softmax(
     # One buffer for every tile's scores: a fresh one per tile cost ~10% (new pages, cold cache).
     scratch = np.empty(math.prod(tile_batch) * q_blk.shape[-2] * block_k, dtype=q_blk.dtype)
     ref: np.ndarray | None = None  # (..., bq, 1)
-    rows = (*tile_batch, q1 - q0)
-    has_mass = np.zeros((*rows, 1), dtype=bool)  # (..., bq, 1) Σ p > 0 so far
+    rows_shape = (*tile_batch, q1 - q0)
+    has_mass = np.zeros((*rows_shape, 1), dtype=bool)  # (..., bq, 1) Σ p > 0 so far
     all_have_mass = False
-    acc = np.zeros((*rows, v_ones.shape[-1]), dtype=q_blk.dtype)  # (..., bq, Dv + 1)
+    acc = np.zeros((*rows_shape, v_ones.shape[-1]), dtype=q_blk.dtype)  # (..., bq, Dv + 1)
     starts = range(0, k_t.shape[-1], block_k)
     if tiles.alibi_slopes is not None:
         # ALiBi's bias falls with distance: from the nearest keys (the last, under a causal
@@ -144,34 +153,48 @@ def online_softmax(
         starts = starts[::-1]
     for k0 in starts:
         k1 = min(k0 + block_k, k_t.shape[-1])
-        blocked = tiles.blocked(q0, q1, k0, k1, stats)
-        if blocked is SKIP:
+        tile_blocked = tiles.blocked(q0, q1, k0, k1, stats)
+        if tile_blocked is SKIP:
             continue
-        v_tile = v_ones[..., k0:k1, :]  # (..., bk, Dv + 1)
-        tile_shape = (*tile_batch, q1 - q0, k1 - k0)
-        scores_out = scratch[: math.prod(tile_shape)].reshape(tile_shape)  # (..., bq, bk)
-        if all_have_mass:
-            scores = _tile_scores(q_blk, k_t, tiles, q0, q1, k0, k1, blocked, scores_out)
-            # A score past the window may overflow exp to inf, and inf · 0 in the
-            # matmul to NaN: the check below sends such a tile the long way.
-            with np.errstate(over="ignore", invalid="ignore"):
-                if ref is not None:
-                    scores -= ref
-                units.exp(scores, out=scores)  # (..., bq, bk) unnormalised weights p
-                tile_acc = np.matmul(scores, v_tile)  # (..., bq, Dv + 1)
-            if tile_acc[..., -1].max() <= most:  # NaN compares False: the long way
-                acc += tile_acc
-                continue
-        scores = _tile_scores(q_blk, k_t, tiles, q0, q1, k0, k1, blocked, scores_out)
-        tile_max = scores.max(axis=-1, keepdims=True)  # (..., bq, 1)
-        ref = _move_reference(tile_max, ref, has_mass, acc, units)
-        if ref is not None:
-            with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should be
-                scores -= ref
-        units.exp(scores, out=scores)  # (..., bq, bk) unnormalised weights p
-        acc += np.matmul(scores, v_tile)  # (..., bq, Dv + 1)
-        has_mass |= tile_max != -np.inf
-        all_have_mass = bool(has_mass.all())
+        # A tile on the edge of the causal band or window comes in pieces of rows, each
+        # over the keys its rows can reach: the part that every row masks is not made.
+        for r0, r1, c0, c1, blocked in tiles.pieces(q0, q1, k0, k1, tile_blocked):
+            rows = slice(r0 - q0, r1 - q0)
+            v_tile = v_ones[..., c0:c1, :]  # (..., bk, Dv + 1)
+            tile_shape = (*tile_batch, r1 - r0, c1 - c0)
+            scores_out = scratch[: math.prod(tile_shape)].reshape(tile_shape)  # (..., bq, bk)
+            acc_rows = acc[..., rows, :]  # (..., bq, Dv + 1) a view
+            ref_rows = None if ref is None else ref[..., rows, :]  # (..., bq, 1)
+            if all_have_mass or (r1 - r0 < q1 - q0 and bool(has_mass[..., rows, :].all())):
+                scores = _tile_scores(q_blk[..., rows, :], k_t, tiles, r0, r1, c0, c1, blocked,
+                                      scores_out)
+                # A score past the window may overflow exp to inf, and inf · 0 in the
+                # matmul to NaN: the check below sends such a tile the long way.
+                with np.errstate(over="ignore", invalid="ignore"):
+                    if ref_rows is not None:
+                        scores -= ref_rows
+                    units.exp(scores, out=scores)  # (..., bq, bk) unnormalised weights p
+                    tile_acc = np.matmul(scores, v_tile)  # (..., bq, Dv + 1)
+                if tile_acc[..., -1].max() <= most:  # NaN compares False: the long way
+                    acc_rows += tile_acc
+                    continue
+            scores = _tile_scores(q_blk[..., rows, :], k_t, tiles, r0, r1, c0, c1, blocked,
+                                  scores_out)
+            tile_max = scores.max(axis=-1, keepdims=True)  # (..., bq, 1)
+            new_rows = _move_reference(tile_max, ref_rows, has_mass[..., rows, :], acc_rows,
+                                       units)
+            if new_rows is not ref_rows:  # moved: new_rows is a fresh array
+                if ref is None:
+                    ref = np.zeros((*rows_shape, 1), dtype=tile_max.dtype)
+                ref[..., rows, :] = new_rows
+                ref_rows = ref[..., rows, :]
+            if ref_rows is not None:
+                with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should be
+                    scores -= ref_rows
+            units.exp(scores, out=scores)  # (..., bq, bk) unnormalised weights p
+            acc_rows += np.matmul(scores, v_tile)  # (..., bq, Dv + 1)
+            has_mass[..., rows, :] |= tile_max != -np.inf
+            all_have_mass = bool(has_mass.all())
     return acc, ref
 
 
@@ -264,6 +287,8 @@ class Tiles:
         self.alibi_slopes = None if alibi_slopes is None else alibi_slopes * per_nat  # (..., 1, 1)
         # Query i sits at absolute position offset + i (S - T bottom-right, 0 top-left).
         self.offset = (S - T if band is None else band.offset) if offset is None else offset
+        # The band's tile masks by (diagonal, bq, bk), shared with the parts (see part()).
+        self._band_cache: dict[tuple[int, int, int], np.ndarray] = {}
 
     def part(self, index: tuple[int, ...], n_batch: int) -> Tiles:
         """The tiles of the batch-heads at ``index``, the first of ``n_batch`` batch dims."""
@@ -285,7 +310,7 @@ class Tiles:
             if reach == "none":  # wholly outside the causal band or the window
                 return _count(stats, SKIP)
             if reach == "some":  # a diagonal or window-edge tile
-                blocked = ~band_mask(self.band, q1 - q0, k1 - k0, q0, k0)  # (bq, bk)
+                blocked = self._band_blocked(q0, q1, k0, k1)  # (bq, bk)
         if self.allowed is not None:
             allowed = _tile(self.allowed, q0, q1, k0, k1)  # (..., bq | 1, bk | 1)
             if not allowed.all():
@@ -295,6 +320,47 @@ class Tiles:
                 if blocked.all():  # the band and mask together leave nothing
                     return _count(stats, SKIP)
         return _count(stats, blocked)
+
+    def _band_blocked(self, q0: int, q1: int, k0: int, k1: int) -> np.ndarray:
+        """The band's blocked entries of a tile, (bq, bk), read-only. They depend only on
+        the tile's shape and its diagonal (q0 - k0), which the tiles of every
+        batch-head and of every block on the same diagonal share: each is made once."""
+        assert self.band is not None
+        key = (self.band.offset + q0 - k0, q1 - q0, k1 - k0)
+        found = self._band_cache.get(key)
+        if found is None:
+            found = ~band_mask(self.band, q1 - q0, k1 - k0, q0, k0)  # (bq, bk)
+            found.flags.writeable = False
+            if len(self._band_cache) < _BAND_CACHE_SIZE:
+                self._band_cache[key] = found
+        return found
+
+    def pieces(
+        self, q0: int, q1: int, k0: int, k1: int, blocked: np.ndarray | None,
+    ) -> list[tuple[int, int, int, int, np.ndarray | None]]:
+        """A tile as (r0, r1, c0, c1, blocked) pieces that together hold every entry the
+        band allows: the tile itself, or, on the edge of the causal band or window, its
+        rows in blocks of PIECE_ROWS, each over the keys those rows can reach.
+
+        ``blocked`` is the tile's (from :meth:`blocked`, not SKIP). On a causal diagonal
+        tile of 512 × 512 the pieces hold 62.5% of its entries.
+        """
+        band = self.band
+        if (band is None or blocked is None or q1 - q0 <= PIECE_ROWS
+                or band.reaches(self.offset + q0, self.offset + q1 - 1, k0, k1 - 1) != "some"):
+            return [(q0, q1, k0, k1, blocked)]
+        pieces = []
+        for r0 in range(q0, q1, PIECE_ROWS):
+            r1 = min(r0 + PIECE_ROWS, q1)
+            first, last = self.offset + r0, self.offset + r1 - 1  # the rows' positions
+            c0 = k0 if band.left is None else max(k0, first - band.left)
+            c1 = k1 if band.right is None else min(k1, last + band.right + 1)
+            if c1 <= c0:
+                continue
+            piece = self.blocked(r0, r1, c0, c1, None)
+            if piece is not SKIP:
+                pieces.append((r0, r1, c0, c1, piece))
+        return pieces
 
     def cap(self, scores: np.ndarray, *, slope: bool = False) -> np.ndarray | None:
         """Soft-cap a tile's scaled scores in place; with ``slope`` returns d cap / d s =

@@ -52,6 +52,7 @@ from ..errors import (
     describe,
 )
 from ..kernel import abs_max, attend, check_score_range
+from ..messages import msg
 from ..shapes import check_cache_query_shape, check_kv_shapes
 from .kv_cache import cast_checked, compute_dtype_of, storage_dtype
 
@@ -90,8 +91,23 @@ class BlockAllocator:
         return [self._free.pop() for _ in range(count)]
 
     def release(self, blocks: Sequence[int]) -> None:
-        """Give ``blocks`` back; the last of them is handed out first."""
-        self._free.extend(reversed(blocks))
+        """Give ``blocks`` back; the last of them is handed out first.
+
+        Each must be a block of this pool that is handed out now: a block given
+        back twice would later go to two sequences at once (checked before any
+        is taken back).
+        """
+        free = set(self._free)
+        seen: set[int] = set()
+        for block in blocks:
+            if (not isinstance(block, (int, np.integer)) or isinstance(block, bool)
+                    or not 0 <= block < self.num_blocks):
+                raise AttnlabError(msg("paged.block_id", last=self.num_blocks - 1,
+                                       got=repr(block)))
+            if block in free or block in seen:
+                raise AttnlabError(msg("paged.block_free", block=int(block)))
+            seen.add(int(block))
+        self._free.extend(int(b) for b in reversed(blocks))
 
 
 def check_sequence_ids(sequences: Any, known: dict[int, list[int]], B: int | None) -> list[int]:

@@ -66,8 +66,9 @@ from ..errors import (
     describe,
     shape_str,
 )
-from ..kernel import abs_max, attend, check_score_range, check_softcap
+from ..kernel import abs_max, attend, check_score_range, check_softcap, low_precision_dtype
 from ..masks import band_mask
+from ..messages import msg
 from ..shapes import attention_band, check_window_pair
 from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention, flash_attention_backward
 from .flash_parts import as_forward
@@ -112,7 +113,7 @@ class VarlenInputs:
     cu_seqlens_k: np.ndarray  # (B + 1,) int64
     scale: float
     is_causal: bool
-    out_dtype: np.dtype  # float16 inputs compute in float32 and are returned as float16
+    out_dtype: np.dtype  # float16 / bfloat16 inputs compute in float32 and return as given
     window: tuple[int | None, int | None] | None = None  # (left, right), None = unbounded
     softcap: float | None = None
 
@@ -144,6 +145,9 @@ def cu_seqlens_from_lengths(lengths: Any) -> np.ndarray:  # (B,) -> (B + 1,) int
         raise AttnlabError(f"lengths: expected a 1-D list of integers, got {describe(lengths)}")
     if arr.size and arr.min() < 0:
         raise AttnlabError(f"lengths: expected lengths >= 0, got {int(arr.min())}")
+    total = sum(int(n) for n in arr.tolist())  # Python ints: np.cumsum would wrap negative
+    if total > np.iinfo(np.int64).max:
+        raise AttnlabError(msg("varlen.total_int64", limit=np.iinfo(np.int64).max, got=total))
     return np.concatenate([[0], np.cumsum(arr, dtype=np.int64)]).astype(np.int64)
 
 
@@ -243,7 +247,7 @@ def check_varlen_inputs(
     :class:`attnlab.AttnlabError` naming the argument, what was expected and
     what was received.
     """
-    all_half = all(getattr(a, "dtype", None) == np.float16 for a in (q, k, v))
+    low_precision = low_precision_dtype(q, k, v)  # float16 / bfloat16: returned as given
     q_arr, k_arr, v_arr = (as_float_array(a, n) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     check_varlen_shapes(q_arr.shape, k_arr.shape, v_arr.shape)
     cu_q, cu_k = check_sequences(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -256,7 +260,7 @@ def check_varlen_inputs(
     q_arr, k_arr, v_arr = (a.astype(dtype, copy=False) for a in (q_arr, k_arr, v_arr))
     scale_value = check_scale(scale, D)
     check_score_range(abs_max(q_arr), abs_max(k_arr), D, scale_value, dtype)
-    out_dtype = np.dtype(np.float16) if all_half else dtype
+    out_dtype = dtype if low_precision is None else low_precision
     return VarlenInputs(q_arr, k_arr, v_arr, cu_q, cu_k, scale_value, is_causal, out_dtype,
                         pair, cap)
 

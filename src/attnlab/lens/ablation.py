@@ -43,7 +43,8 @@ def check_heads(model: Any, heads: Any, name: str = "heads") -> list[tuple[int, 
     L, H = shape.layers, shape.heads
     try:
         pairs = [(int(layer), int(head)) for layer, head in heads]
-        exact = all(float(a) == x and float(b) == y
+        exact = all(float(a) == x and float(b) == y and not isinstance(a, (bool, np.bool_))
+                    and not isinstance(b, (bool, np.bool_))  # (True, False) is no pair
                     for (a, b), (x, y) in zip(heads, pairs, strict=True))
     except (TypeError, ValueError):
         raise AttnlabError(f"{name}: expected a list of (layer, head) pairs, got "

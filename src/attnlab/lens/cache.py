@@ -15,6 +15,13 @@ is tokenised by ``model.tokenize`` into ids and the attention mask.
 
 Names, shapes and the rules of attaching (removal on exit, also after an exception;
 nesting; opt-in points) are :mod:`attnlab.hooks`'.
+
+A Hugging Face transformers model gets its hook points on first use
+(:mod:`attnlab.lens.hf_points`: ``blocks.{l}.attn.hook_q`` ... ``hook_resid_post``);
+its attention points need the model on attnlab's implementation
+(:func:`attnlab.hf.register`), and only the layers whose pattern is asked for build it::
+
+    out, cache = run_with_cache(hf_model, **inputs, names=["blocks.1.attn.hook_pattern"])
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any
 from ..errors import AttnlabError
 from ..hooks import HookFn, NameFilter, attached, cache_into, select_names
 from ..hooks import hook_names as _all_names
+from . import hf_points
 
 __all__ = ["HookCache", "hook_names", "run_with_cache", "run_with_hooks"]
 
@@ -43,7 +51,7 @@ class HookCache(dict[str, Any]):
 
 def hook_names(model: Any) -> list[str]:
     """Every hook point of ``model``, in forward order (see :mod:`attnlab.hooks`)."""
-    return _all_names(model)
+    return _all_names(_hookable(model))
 
 
 def run_with_cache(model: Any, *args: Any, names: NameFilter = None, keep_grad: bool = False,
@@ -55,7 +63,10 @@ def run_with_cache(model: Any, *args: Any, names: NameFilter = None, keep_grad: 
     """
     if not isinstance(keep_grad, bool):
         raise AttnlabError(f"keep_grad: expected True or False, got {keep_grad!r}")
+    model = _hookable(model)
     chosen = select_names(_all_names(model), names)
+    if getattr(model, "_attnlab_hook_layers", None) is not None:
+        hf_points.check_attention_implementation(model, chosen)
     cache = HookCache()
     keep = cache_into(cache, keep_grad=keep_grad)
     wanted = set(chosen)
@@ -72,8 +83,19 @@ def run_with_hooks(model: Any, *args: Any,
     if not isinstance(hooks, (list, tuple)):
         raise AttnlabError(f"hooks: expected a list of (name, fn) pairs, got "
                            f"{type(hooks).__name__}")
+    model = _hookable(model)
+    if getattr(model, "_attnlab_hook_layers", None) is not None:
+        all_names = _all_names(model)
+        hooked = [n for target, _ in hooks for n in select_names(
+            all_names, [target] if isinstance(target, str) else target)]
+        hf_points.check_attention_implementation(model, hooked)
     with attached(model, list(hooks)):
         return _call(model, args, kwargs)
+
+
+def _hookable(model: Any) -> Any:
+    """``model``, with hook points installed if it is a Hugging Face model."""
+    return hf_points.install(model) if hf_points.is_hf_model(model) else model
 
 
 def _call(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

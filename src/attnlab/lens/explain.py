@@ -38,6 +38,7 @@ from ..errors import (
 )
 from ..init import as_rng, init_weight
 from ..kernel import attend, check_inputs, check_key_padding, check_mask_and_bias
+from ..messages import msg
 from ..nn.layers import LayerNorm
 from ..positional import LearnedPositionalEmbedding, sinusoidal_encoding
 from ..positional_relative import apply_rope
@@ -199,7 +200,7 @@ def explain(
         raise ShapeError(f"X: expected (T, E), got {shape_str(x_arr.shape)}")
     T, E = x_arr.shape
     if T == 0 or E == 0:
-        raise ShapeError(f"X: expected at least one token and one feature, got {x_arr.shape}")
+        raise ShapeError(msg("explain.x_empty", shape=x_arr.shape))
     default_tokens = tokens is None
     if tokens is None:
         tokens = [f"word{i + 1}" for i in range(T)]
@@ -208,8 +209,7 @@ def explain(
     tokens = [str(t) for t in tokens]
     D = _head_dim(d_k, split, E, H)
     if pos == "rope" and D % 2:
-        raise ShapeError(f"d_k: pos='rope' rotates pairs of features, expected an even d_k, "
-                         f"got {D}")
+        raise ShapeError(msg("explain.rope_d_k", got=D))
     padding = check_key_padding(key_padding, (), T)
     if padding is not None and padding.shape[-1] != T:
         raise ShapeError(f"key_padding: expected (T,) = ({T},), got {shape_str(padding.shape)}")
@@ -258,8 +258,11 @@ def explain(
         attn_in = LayerNorm(E).forward(x_in)  # (T, E)
         steps.append(Step("normed_in", attn_in, "LayerNorm(x) = (x - mean) / √(var + ε)"))
 
-    size = f"E × d_k = {E} × {D}" if H == 1 else f"E × H·d_k = {E} × {H}·{D}"
-    steps += [Step(n, w, f"{n}: {size}") for n, w in weights.items()]
+    for n, w in weights.items():  # Wv's width is d_v, which need not equal d_k
+        width, per_head = ("d_v" if n == "Wv" else "d_k"), w.shape[1] // H
+        size = (f"E × {width} = {E} × {per_head}" if H == 1
+                else f"E × H·{width} = {E} × {H}·{per_head}")
+        steps.append(Step(n, w, f"{n}: {size}"))
     source_name = {"none": "X", "sinusoidal": "x", "learned": "x", "rope": "X"}[pos]
     if norm == "pre":
         source_name = "LayerNorm(x)"
@@ -327,17 +330,24 @@ def explain(
     if wo is not None:
         result = result @ wo  # (T, E_out)
         what = "concat" if H > 1 else "output"
-        steps += [Step("Wo", wo, f"Wo: H·d_k × E_out = {H}·{D} × {wo.shape[1]}"),
+        Dv = wo.shape[0] // H
+        steps += [Step("Wo", wo, f"Wo: H·d_v × E_out = {H}·{Dv} × {wo.shape[1]}"),
                   Step("projected", result, f"projected = {what}·Wo")]
     if residual:
         result = x_in + result  # (T, E)
-        steps.append(Step("residual", result, "residual = x + attention(x)"))
+        steps.append(Step("residual", result, "residual = x + attention(LayerNorm(x))"
+                          if norm == "pre" else "residual = x + attention(x)"))
         if norm == "post":
             result = LayerNorm(E).forward(result)  # (T, E)
             steps.append(Step("normed", result,
                               "normed = LayerNorm(residual) = (r - mean) / √(var + ε)"))
 
     notes = layer_notes(attn_in, allowed, pos, tokens, scale, drawn, X is None) + notes
+    if norm == "pre":  # LayerNorm maps a row with all features equal to 0: say so
+        flat = np.flatnonzero(np.ptp(x_in, axis=-1) == 0)
+        if flat.size:
+            notes.append({"kind": "constant_rows", "head": None, "rows": flat.tolist(),
+                          "tokens": [tokens[i] for i in flat]})
     meta = {"T": T, "E": E, "d_k": D, "num_heads": H, "scale": scale_value,
             "is_causal": is_causal, "masked": mask is not None,
             "key_padding": None if padding is None else padding.tolist(), "pos": pos,
@@ -350,10 +360,9 @@ def _head_dim(d_k: int | None, split: str, E: int, H: int) -> int:
     """d_k: given, or 3 (seed 000's) / E // H (seed 001's d_model / h, which must divide)."""
     if split == "seed001":
         if E % H:
-            raise ShapeError(f"num_heads: split='seed001' divides E = {E} into {H} heads "
-                             f"(seed 001's assert d_model % h == 0), got a remainder {E % H}")
+            raise ShapeError(msg("explain.seed001_heads", E=E, H=H, remainder=E % H))
         if d_k is not None and check_positive_int(d_k, "d_k") * H != E:
-            raise ShapeError(f"d_k: split='seed001' uses d_k = E / H = {E // H}, got {d_k}")
+            raise ShapeError(msg("explain.seed001_d_k", d_k=E // H, got=d_k))
         return E // H
     return 3 if d_k is None else check_positive_int(d_k, "d_k")
 

@@ -80,8 +80,12 @@ def layer_notes(x: np.ndarray, allowed: np.ndarray | None, pos: str, tokens: lis
     """Notes on the whole run: x (T, E) the attention's input, before any RoPE."""
     notes: list[dict[str, Any]] = []
     if drawn or toy_embeddings:
+        # Under a causal mask no token sees a later one: the notes must not tell a
+        # story (去了 → 学校) that the mask forbids.
+        causal = allowed is not None and allowed.shape[-1] > 1 and not np.triu(
+            allowed.reshape(-1, *allowed.shape[-2:]), 1).any()
         notes.append({"kind": "untrained", "head": None, "weights": drawn,
-                      "toy_embeddings": toy_embeddings})
+                      "toy_embeddings": toy_embeddings, "causal": bool(causal)})
     if pos == "none":
         groups: dict[bytes, list[int]] = {}
         for i, row in enumerate(x):

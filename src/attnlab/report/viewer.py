@@ -81,6 +81,7 @@ from ..lens.diagnostics import Diagnostics, diagnose
 from ..lens.weight_checks import check_weights
 from .page import csp_hash, script_json
 from .text import check_lang
+from .viewer_data import viewer_extras
 from .words import VIEWER_WORDS, Lang
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ def render_html(
     heads: Sequence[int] | None = None,
     rollout: Any = None,
     importance: Any = None,
+    **decoder: Any,
 ) -> str:
     """One self-contained HTML page showing every head of ``weights``.
 
@@ -132,6 +134,11 @@ def render_html(
         rollout: (T, S) attention rollout (:func:`attnlab.lens.attention_rollout`), drawn
             beside the weights; rows in [0, 1].
         importance: (L, H) head importance (any non-negative score), shown as a table.
+        **decoder: decoders, pairs, the neuron and norms views and the opening head:
+            ``allowed`` (T, S) bool (True = may attend; the rest is hatched),
+            ``prompt_length``, ``heads_per_kv``, ``segments``, ``queries`` /
+            ``keys`` / ``scales``, ``value_norms``, ``start``; see
+            :func:`attnlab.report.viewer_data.viewer_extras`.
 
     Returns:
         The page as a string; write it with :meth:`AttentionView.save` or open it in a
@@ -153,8 +160,15 @@ def render_html(
         raise AttnlabError(
             f"key_tokens: expected {S} key labels since S = {S} differs from T = {T}, got None"
         )
+    known = {"allowed", "prompt_length", "heads_per_kv", "segments", "queries", "keys",
+             "scales", "value_norms", "start"}
+    unknown = sorted(set(decoder) - known)
+    if unknown:
+        raise AttnlabError(f"{unknown[0]}: not an option of the viewer (expected one of "
+                           f"{', '.join(sorted(known))})")
+    decoder_fields, allowed = viewer_extras(w, **decoder)
     if diagnostics is None:
-        diagnostics = diagnose(w, query_labels, key_tokens=key_labels)
+        diagnostics = diagnose(w, query_labels, key_tokens=key_labels, mask=allowed)
     elif not isinstance(diagnostics, Diagnostics):
         raise AttnlabError(
             f"diagnostics: expected attnlab.lens.diagnostics.Diagnostics or None, got "
@@ -190,6 +204,7 @@ def render_html(
         "head_numbers": head_numbers,
         "weights": encode_weights(w),
         **extras,
+        **decoder_fields,
         "diagnostics": {**diagnostics.to_dict(), "tokens": None, "key_tokens": None},
         "words": words,
         "row_px": _ROW_PX,
@@ -204,7 +219,9 @@ def render_html(
     text = {key: html.escape(str(words[key])) for key in (
         "layer", "head", "head_view", "head_view_hint", "queries", "keys", "heatmap",
         "heatmap_hint", "diagnostics", "overview", "overview_hint", "rollout",
-        "rollout_hint", "importance", "importance_hint", "loading", "needs_js")}
+        "rollout_hint", "importance", "importance_hint", "loading", "needs_js",
+        "neuron_view", "neuron_hint", "export_png", "step", "measure", "segments",
+        "overlay_heads", "sink_title")}
     return _asset("viewer.html").format(
         lang_attr="zh-CN" if lang == "zh" else "en",
         csp=csp,
@@ -240,6 +257,7 @@ class AttentionView:
         heads: Sequence[int] | None = None,
         rollout: Any = None,
         importance: Any = None,
+        **decoder: Any,
     ) -> None:
         # Read the labels once: a generator would be empty the second time.
         tokens = _as_list(tokens, "tokens")
@@ -247,7 +265,7 @@ class AttentionView:
         self.html = render_html(weights, tokens, key_tokens=key_tokens,
                                 diagnostics=diagnostics, title=title, lang=lang,
                                 layers=layers, heads=heads, rollout=rollout,
-                                importance=importance)
+                                importance=importance, **decoder)
         self.title = title
         self._rows = max(len(tokens), len(key_tokens or tokens))
 
@@ -280,13 +298,25 @@ class AttentionView:
     def _repr_html_(self) -> str:
         # A sandboxed iframe is a document of its own: ids, styles and scripts of several
         # views on one notebook page cannot collide, and the page cannot touch the notebook.
+        # It cannot be measured from outside either (no same origin): the page posts its
+        # own height, and the small script beside the frame sets the frame to it, only
+        # for messages from that frame's window. The first height is a guess.
         height = min(900, max(420, 190 + self._rows * _ROW_PX))
         frame_id = f"attnlab-view-{next(_view_ids)}-{os.urandom(4).hex()}"
         label = html.escape(self.title or "attention viewer", quote=True)
+        fit = (
+            "(function(){var f=document.getElementById('" + frame_id + "');"
+            "window.addEventListener('message',function(e){"
+            "if(!f||e.source!==f.contentWindow||!e.data||e.data.type!=='attnlab-height')"
+            "{return;}var h=Math.ceil(Number(e.data.height));"
+            "if(h>0&&h<100000){f.style.height=h+'px';}});})();"
+        )
         return (
-            f'<iframe id="{frame_id}" class="attnlab-view" sandbox="allow-scripts" '
-            f'title="{label}" style="width:100%;height:{height}px;border:0" '
+            f'<iframe id="{frame_id}" class="attnlab-view" '
+            f'sandbox="allow-scripts allow-downloads" title="{label}" '
+            f'style="width:100%;height:{height}px;border:0" '
             f'srcdoc="{html.escape(self.html, quote=True)}"></iframe>'
+            f"<script>{fit}</script>"
         )
 
 

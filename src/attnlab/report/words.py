@@ -120,7 +120,7 @@ STEP_TEXT.update({
     "normed_in": {
         "en": ("LayerNorm of the input (pre-LN)", "each row centred and scaled to unit "
                "variance before attention"),
-        "zh": ("输入的层归一化（Pre-LN）", "在注意力之前，把每一行减去均值、除以标准差"),
+        "zh": ("输入的层规范化（Pre-LN）", "在注意力之前，把每一行减去均值、除以标准差"),
     },
     "Q_all": {
         "en": ("All queries X·Wq", "one projection for every head: (T, H·d_k), split next"),
@@ -131,8 +131,8 @@ STEP_TEXT.update({
         "zh": ("全部键 X·Wk", "所有头共用一次投影：(T, H·d_k)，接下来再拆分成多个头"),
     },
     "V_all": {
-        "en": ("All values X·Wv", "one projection for every head: (T, H·d_k), split next"),
-        "zh": ("全部值 X·Wv", "所有头共用一次投影：(T, H·d_k)，接下来再拆分成多个头"),
+        "en": ("All values X·Wv", "one projection for every head: (T, H·d_v), split next"),
+        "zh": ("全部值 X·Wv", "所有头共用一次投影：(T, H·d_v)，接下来再拆分成多个头"),
     },
     "Q_rope": {
         "en": ("Queries after RoPE", "each pair of features turned by an angle that grows "
@@ -145,15 +145,15 @@ STEP_TEXT.update({
         "zh": ("旋转位置编码后的键", "与查询同样旋转：q·k 于是取决于两个词元相隔多远"),
     },
     "residual": {
-        "en": ("Residual x + attention(x)", "the layer's input added back, so a deep stack "
+        "en": ("Residual connection", "the layer's input added back, so a deep stack "
                "can pass information (and gradients) straight through"),
-        "zh": ("残差连接 x + attention(x)", "把这一层的输入加回来，"
+        "zh": ("残差连接", "把这一层的输入加回来，"
                "深层网络才能让信息和梯度直接通过"),
     },
     "normed": {
         "en": ("LayerNorm (post-LN)", "each row centred and scaled to unit variance: the "
                "layer's output"),
-        "zh": ("层归一化（Post-LN）", "把每一行减去均值、除以标准差：这一层的输出"),
+        "zh": ("层规范化（Post-LN）", "把每一行减去均值、除以标准差：这一层的输出"),
     },
 })
 
@@ -165,8 +165,17 @@ NOTE_TEXT: dict[str, dict[str, str]] = {
               "nothing yet. A story like seed 002's (去了 → 学校) is what trained weights "
               "learn; see a real model with `attnlab inspect`.",
         "zh": "这些权重是随机的，没有经过训练：哪个词元关注哪个词元，现在还没有任何含义。"
-              "像种子文章 002 那样的故事（去了 → 学校）是训练后的权重才学得到的；"
+              "像原文 002 那样的故事（去了 → 学校）是训练后的权重才学得到的；"
               "真实模型请看 `attnlab inspect`。",
+    },
+    "untrained_causal": {
+        "en": "The weights are random, not trained: which token attends to which means "
+              "nothing yet. Under the causal mask each token sees only itself and the tokens "
+              "before it: a later word (学校 after 去了) is out of its reach whatever the "
+              "training, so seed 002's story (去了 → 学校) needs attention without the mask.",
+        "zh": "这些权重是随机的，没有经过训练：哪个词元关注哪个词元，现在还没有任何含义。"
+              "因果掩蔽下每个词元只能看到它自己和它前面的词元：后面的词（“去了”之后的“学校”）"
+              "无论怎样训练都看不到，所以原文 002 的故事（去了 → 学校）要在不加掩码时才成立。",
     },
     "same_rows": {
         "en": "Tokens {tokens} (positions {positions}) have identical input rows, so they get "
@@ -188,14 +197,14 @@ NOTE_TEXT: dict[str, dict[str, str]] = {
               "exp overflows float64: seed 000's softmax (no max subtracted) then gives NaN.",
         "zh": "{where}第 {rows} 行的 softmax 已饱和：有一个权重大于 0.99，分数的跨度达 {spread}。"
               "这里的梯度几乎为 0。分数超过 709.78 时 exp 在 float64 中溢出："
-              "种子文章 000 的 softmax"
+              "原文 000 的 softmax"
               "（没有减去每行最大值）就会得到 NaN。",
     },
     "naive_overflow": {
         "en": "{where}seed 000's softmax, exp(s) / sum(exp(s)) without subtracting the row max, "
               "gives NaN or inf on these scores (largest |score| {max_score}); attnlab "
               "subtracts each row's max first, which changes nothing in exact arithmetic.",
-        "zh": "{where}种子文章 000 的 softmax（exp(s) / sum(exp(s))，没有减去每行最大值）"
+        "zh": "{where}原文 000 的 softmax（exp(s) / sum(exp(s))，没有减去每行最大值）"
               "在这些分数上"
               "得到 NaN 或 inf（最大 |分数| 为 {max_score}）；attnlab 先减去每行的最大值，"
               "在精确运算下结果不变。",
@@ -205,15 +214,30 @@ NOTE_TEXT: dict[str, dict[str, str]] = {
               "{entropy}): the scores barely differ. Seed 000's checklist: check the softmax "
               "and whether the inputs differ too little.",
         "zh": "{where}注意力权重几乎均匀（每一行的归一化熵 ≥ {entropy}）：注意力分数相差无几。"
-              "种子文章 000 的排查清单：检查 softmax 是否正确、输入值是否差异过小。",
+              "原文 000 的排查清单：检查 softmax 是否正确、输入值是否差异过小。",
+    },
+    "constant_rows": {
+        "en": "Rows {rows} ({tokens}) have all features equal, so LayerNorm maps them to 0 "
+              "(x − mean = 0 in every feature, whatever ε): their queries, keys and values "
+              "are 0, they attend uniformly and pass nothing on; the residual carries them "
+              "through unchanged.",
+        "zh": "第 {rows} 行（{tokens}）的所有特征都相同，所以层规范化把它们变成 0"
+              "（每个特征都是 x − 均值 = 0，与 ε 无关）：它们的查询、键、值都是 0，"
+              "注意力权重是均匀的，也不传出任何内容；残差连接把它们原样带过去。",
     },
     "fully_masked": {
         "en": "Rows {rows} ({tokens}) have no key to attend to (every key masked): attnlab gives "
-              "them weights 0 and output 0. A -1e9 fill would give them uniform weights "
-              "instead, and seed 000's softmax NaN.",
+              "them weights 0 and output 0. Elsewhere they go wrong silently: filled with -1e9 "
+              "(seed 001) they get uniform weights; seed 000's additive mask (scores + "
+              "mask * -1e9) with a max-subtracted softmax ignores the mask on them "
+              "altogether (every score lost the same 1e9, which the max subtraction takes "
+              "back); seed 000's own softmax gives NaN.",
         "zh": "第 {rows} 行（{tokens}）没有任何可以关注的键（全部被掩码）："
               "attnlab 给它们的权重和输出都是 0。"
-              "若用 -1e9 填充，这些行会得到均匀的权重；种子文章 000 的 softmax 会得到 NaN。",
+              "别的写法会悄悄出错：用 -1e9 填充（原文 001）得到均匀的权重；"
+              "原文 000 的加性掩码（scores + mask * -1e9）配上减去最大值的 softmax，"
+              "在这些行上等于完全没有掩码（每个分数都减了同一个 1e9，减去最大值时又加了回来）；"
+              "原文 000 自己的 softmax 得到 NaN。",
     },
 }
 
@@ -232,7 +256,9 @@ TRACE_WORDS = {
 FLAG_TEXT = {
     "near_uniform": {"en": "near uniform", "zh": "近似均匀"},
     "over_sparse": {"en": "over-sparse", "zh": "过度稀疏"},
-    "sink": {"en": "sink", "zh": "汇聚到特殊词元"},
+    "over_sparse_positional": {"en": "one-hot by position (expected, not over-sparse)",
+                               "zh": "按位置的 one-hot（正常，不算过度稀疏）"},
+    "sink": {"en": "sink", "zh": "停靠在特殊词元（sink）"},
     "previous_token": {"en": "previous-token", "zh": "关注前一个词元"},
     "next_token": {"en": "next-token", "zh": "关注后一个词元"},
     "self": {"en": "self", "zh": "关注自身"},
@@ -321,10 +347,50 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
             "next_token": ("Next token", "mean weight of query i on key i+1"),
             "self_token": ("Self", "mean weight of query i on key i"),
         },
+        "neuron_view": "Neuron view",
+        "neuron_hint": "One query and one key of this head: q, k and their product in each "
+                       "dimension. The sum × scale is the score (logit) that softmax turns "
+                       "into the weight. Click a heatmap cell to choose the pair.",
+        "neuron_query": "query", "neuron_key": "key",
+        "neuron_dims": "dimension", "neuron_q": "q", "neuron_k": "k", "neuron_qk": "q·k",
+        "neuron_sum": "q·k = {dot}; × scale {scale} = logit {logit}; softmax over the row "
+                      "→ weight {weight}",
+        "neuron_missing": "q and k of this layer are not in the page (too large): open the "
+                          "page on this layer to see them.",
+        "export_png": "Save PNG",
+        "step": "Generation step",
+        "step_label": "step {n} of {N}: the KV cache holds {k} keys",
+        "prompt": "prompt",
+        "generated": "generated",
+        "not_allowed": "not allowed (masked: this query may not see this key)",
+        "not_yet": "not generated yet at this step",
+        "measure": "Show",
+        "measure_weights": "weights α",
+        "measure_norms": "norms ‖α·v·W_O‖",
+        "norms_note": "Attention weights are not explanations (Jain & Wallace 2019; "
+                      "Wiegreffe & Pinter 2019 show when they can be): a large weight on a "
+                      "token whose value vector is small moves little. The norms view "
+                      "shows ‖α_ij · v_j · W_O‖, what each key really adds to the output "
+                      "(Kobayashi et al. 2020); the lens's ablation shows what the model "
+                      "needs.",
+        "segments": "Sentences",
+        "segment_options": {"all": "all", "AA": "A → A", "AB": "A → B", "BA": "B → A",
+                            "BB": "B → B"},
+        "overlay_heads": "Heads overlaid",
+        "kv_group": "KV head {n}",
+        "sink_title": "Attention sinks",
+        "sink_mark": "sink: {share} of the weight on average",
+        "sink_note": "Marked columns (▼) take much of every row's weight. Softmax makes each "
+                     "row sum to 1, so a head with nothing useful to read must still put its "
+                     "weight somewhere; models learn to park it on the first token(s), which "
+                     "every query can see (attention sinks, Xiao et al. 2023). Such weight "
+                     "often moves little: compare with the norms view.",
+        "scale_low": "0", "scale_high": "max {v}",
         "flag_text": {name: text["en"] for name, text in FLAG_TEXT.items()},
         "legend": (
             f"near uniform: entropy > {NEAR_UNIFORM_ENTROPY}; over-sparse: max weight > "
-            f"{OVER_SPARSE_MAX_WEIGHT} or entropy < {OVER_SPARSE_ENTROPY}; sink: > "
+            f"{OVER_SPARSE_MAX_WEIGHT} or entropy < {OVER_SPARSE_ENTROPY} (the rule misfires on "
+            "positional heads such as previous-token, one-hot by design: shown as such); sink: > "
             f"{SINK_SHARE} on [CLS]/[SEP]; previous-token / next-token / self: that weight > "
             f"{POSITIONAL_HEAD_SCORE}; "
             f"near-duplicate heads: JS distance < {NEAR_DUPLICATE_JS}."
@@ -376,10 +442,48 @@ VIEWER_WORDS: dict[str, dict[str, Any]] = {
             "next_token": ("后一个词元", "查询 i 对键 i+1 的平均权重"),
             "self_token": ("自身", "查询 i 对键 i 的平均权重"),
         },
+        "neuron_view": "神经元视图",
+        "neuron_hint": "当前头的一个查询和一个键：q、k 以及它们在每个维度上的乘积。"
+                       "乘积之和 × 缩放系数就是分数（logit），softmax 把它变成权重。"
+                       "点击热力图中的格子来选择这一对。",
+        "neuron_query": "查询", "neuron_key": "键",
+        "neuron_dims": "维度", "neuron_q": "q", "neuron_k": "k", "neuron_qk": "q·k",
+        "neuron_sum": "q·k = {dot}；× 缩放 {scale} = 分数 {logit}；对整行做 softmax "
+                      "→ 权重 {weight}",
+        "neuron_missing": "页面里没有这一层的 q 和 k（数据太大）：以这一层打开页面才能看到。",
+        "export_png": "保存 PNG",
+        "step": "生成步骤",
+        "step_label": "第 {n} 步（共 {N} 步）：KV 缓存中有 {k} 个键",
+        "prompt": "提示词",
+        "generated": "生成的",
+        "not_allowed": "不允许（被掩码：这个查询看不到这个键）",
+        "not_yet": "这一步还没有生成",
+        "measure": "显示",
+        "measure_weights": "权重 α",
+        "measure_norms": "范数 ‖α·v·W_O‖",
+        "norms_note": "注意力权重并不等于解释（Jain 与 Wallace 2019；Wiegreffe 与 Pinter "
+                      "2019 说明了它在什么情况下可以算作解释）：权重很大、但值向量很小的词元，"
+                      "传递的信息很少。范数视图显示 ‖α_ij · v_j · W_O‖，即每个键对输出的真实"
+                      "贡献（Kobayashi 等 2020）；透镜（lens）中的消融则显示模型真正依赖什么。",
+        "segments": "句子",
+        "segment_options": {"all": "全部", "AA": "A → A", "AB": "A → B", "BA": "B → A",
+                            "BB": "B → B"},
+        "overlay_heads": "叠加显示的头",
+        "kv_group": "第 {n} 个 KV 头",
+        "sink_title": "注意力停靠点（sink）",
+        "sink_mark": "停靠点：平均占 {share} 的权重",
+        "sink_note": "带 ▼ 标记的列占了每一行的大部分权重。softmax 让每行之和为 1，"
+                     "所以一个没有有用信息可读的头也必须把权重放在某处；模型学会把它放在"
+                     "每个查询都能看到的第一个（或前几个）词元上（attention sink，Xiao 等 2023；"
+                     "《动手学深度学习》的“注意力汇聚”指的是加权求和，不是它）。"
+                     "这些权重往往传递很少的信息：可与范数视图对比。",
+        "scale_low": "0", "scale_high": "最大 {v}",
         "flag_text": {name: text["zh"] for name, text in FLAG_TEXT.items()},
         "legend": (
             f"近似均匀：熵 > {NEAR_UNIFORM_ENTROPY}；过度稀疏：最大权重 > {OVER_SPARSE_MAX_WEIGHT} "
-            f"或熵 < {OVER_SPARSE_ENTROPY}；汇聚到特殊词元：[CLS]/[SEP] 占比 > {SINK_SHARE}；"
+            f"或熵 < {OVER_SPARSE_ENTROPY}（这条规则会误报“前一个词元”这类按位置关注的头，"
+            f"它们本来就是 one-hot，表中另行标出）；"
+            f"停靠在特殊词元（sink）：[CLS]/[SEP] 占比 > {SINK_SHARE}；"
             f"关注前一个词元 / 后一个词元 / 自身：对应的平均权重 > {POSITIONAL_HEAD_SCORE}；"
             f"近似重复：JS 距离 < {NEAR_DUPLICATE_JS}。"
         ),

@@ -29,6 +29,7 @@ import torch
 
 from ..attention import check_axis
 from ..errors import AttnlabError, ShapeError, check_broadcastable, check_flag, shape_str
+from ..shapes import check_attention_shapes
 from . import debug
 from .checks import as_bool_tensor, as_float_tensor, check_probability, check_same_device
 from .kernel import AttentionInputs, attend, check_inputs, fast_fused, stable_softmax
@@ -187,6 +188,8 @@ def scaled_dot_product_attention(
                 raise AttnlabError(
                     f"{name}: backend='triton' computes attention without it; got {value!r} "
                     f"(use backend='torch' for {name})")
+        if not check_flag(enable_gqa, "enable_gqa"):  # the torch backend's rule: H = Hkv
+            check_attention_shapes(*(tuple(getattr(t, "shape", ())) for t in (q, k, v)))
         from ..triton.dispatch import sdpa_with_backend
 
         return sdpa_with_backend(q, k, v, mask, bias=bias, is_causal=is_causal,

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import AttnlabError
+from .. import errors
+from ..errors import AttnlabError, check_alloc
 
 __all__ = [
     "as_float_tensor",
@@ -69,6 +70,17 @@ def as_bool_tensor(mask: Any, name: str = "mask") -> torch.Tensor:
             "(1 = blocked, as in seed 000); additive values belong in bias="
         )
     return mask
+
+
+def check_tensor_alloc(shape: Any, dtype: torch.dtype, what: str, name: str) -> None:
+    """:func:`attnlab.errors.check_alloc` (the same one-line refusal) in a form torch.compile
+    traces without a graph break: a plain loop over the sizes, the message only past the
+    limit."""
+    count = 1
+    for size in shape:
+        count *= int(size)
+    if count > errors.MAX_ELEMENTS:  # read at call time: tests lower it
+        check_alloc(tuple(int(size) for size in shape), dtype, what, name)
 
 
 def check_same_device(reference: torch.Tensor, ref_name: str, x: torch.Tensor, name: str) -> None:

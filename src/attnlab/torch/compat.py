@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import AttnlabError, ShapeError, check_flag, shape_str
+from ..errors import AttnlabError, ShapeError, check_flag, describe, shape_str
 from . import debug
 from .checks import check_probability, check_same_device
 from .kernel import attend, check_inputs
@@ -106,6 +106,12 @@ def scaled_dot_product_attention(
     """
     mask: torch.Tensor | None = None
     bias: torch.Tensor | None = None
+    tensors = [t for t in (query, key, value) if isinstance(t, torch.Tensor)]
+    if len(tensors) == 3 and len({t.dtype for t in tensors}) > 1:  # torch refuses too
+        raise AttnlabError(
+            f"query, key, value: expected the same dtype (as F.scaled_dot_product_attention), "
+            f"got {query.dtype}, {key.dtype} and {value.dtype}"
+        )
     if attn_mask is not None:
         if check_flag(is_causal, "is_causal"):
             raise AttnlabError(
@@ -187,6 +193,9 @@ class MultiheadAttention(nn.MultiheadAttention):
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, torch.Tensor):
                 raise AttnlabError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if query.is_nested or key.is_nested or value.is_nested:
+            return self._forward_nested(query, key, value, key_padding_mask, need_weights,
+                                        attn_mask, average_attn_weights)
         batched = query.ndim == 3
         if batched and not self.batch_first:  # (T, B, E) -> (B, T, E)
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
@@ -203,6 +212,53 @@ class MultiheadAttention(nn.MultiheadAttention):
         elif not self.batch_first:
             out = out.transpose(0, 1)  # (T, B, E)
         return out, weights
+
+    def _forward_nested(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        need_weights: bool,
+        attn_mask: torch.Tensor | None,
+        average_attn_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """NestedTensor inputs (B sequences of their own lengths T_i, batch first), as
+        ``nn.TransformerEncoder(enable_nested_tensor=True)`` hands them over when its
+        fused path is off (a hook on ``self_attn``): each sequence is computed on its
+        own, nothing is padded. Out: nested (B, T_i, E); weights zero-padded to
+        (B, [H,] max T_i, max S_i), as torch gives them."""
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if not t.is_nested:
+                raise AttnlabError(f"{name}: expected a NestedTensor like the others, got a "
+                                   f"dense tensor of shape {shape_str(t.shape)}")
+        for name, mask in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
+            if mask is not None:
+                raise AttnlabError(f"{name}: expected None with NestedTensor inputs (they "
+                                   f"have no padding to mask), got {describe(mask)}")
+        if not self.batch_first:
+            raise AttnlabError("query: a NestedTensor needs batch_first=True (as in torch), "
+                               "got a module with batch_first=False")
+        queries, keys, values = query.unbind(), key.unbind(), value.unbind()
+        if not len(queries) == len(keys) == len(values):
+            raise ShapeError(f"query, key, value: expected the same number of sequences, got "
+                             f"{len(queries)}, {len(keys)} and {len(values)}")
+        outs, all_weights = [], []
+        for q_i, k_i, v_i in zip(queries, keys, values, strict=True):  # (T_i, E), (S_i, kdim)
+            out_i, weights_i = self.forward_batch_first(q_i[None], k_i[None], v_i[None], None,
+                                                        need_weights, None, True)
+            outs.append(out_i[0])  # (T_i, E)
+            all_weights.append(weights_i)
+        out = torch.nested.as_nested_tensor(outs)  # (B, T_i, E)
+        if not need_weights:
+            return out, None
+        T = max(q.shape[0] for q in queries)
+        S = max(w.shape[-1] for w in all_weights if w is not None)
+        padded = outs[0].new_zeros((len(queries), self.num_heads, T, S))  # (B, H, T, S)
+        for i, w in enumerate(all_weights):
+            assert w is not None  # asked for
+            padded[i, :, : w.shape[-2], : w.shape[-1]] = w[0]
+        return out, padded.mean(dim=1) if average_attn_weights else padded
 
     def forward_batch_first(
         self,
@@ -240,7 +296,8 @@ class MultiheadAttention(nn.MultiheadAttention):
         else:
             w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
         if self.in_proj_bias is not None:
-            b_q, b_k, b_v = self.in_proj_bias.chunk(3)  # (E,) each
+            # in the weights' dtype, as nn.MultiheadAttention computes a bias of another
+            b_q, b_k, b_v = self.in_proj_bias.to(w_q.dtype).chunk(3)  # (E,) each
         else:
             b_q = b_k = b_v = None
         q = F.linear(query, w_q, b_q)  # (B, T, E)
@@ -298,8 +355,14 @@ class MultiheadAttention(nn.MultiheadAttention):
             dropout_p=self.dropout if self.training else 0.0, return_weights=need_weights,
         )  # (B, H, T, D) [, (B, H, T, S')]
         heads, weights = result if isinstance(result, tuple) else (result, None)
-        merged = heads.transpose(1, 2).reshape(B, T, E)  # (B, T, E)
-        return F.linear(merged, self.out_proj.weight, self.out_proj.bias), weights
+        # Laid out in memory as torch's (T, B, E), returned as a (B, T, E) view of it:
+        # a dropout after this module (the layers' dropout1) draws its mask in memory
+        # order, so the same seed gives the same numbers as nn.MultiheadAttention.
+        merged = heads.permute(2, 0, 1, 3).reshape(T, B, E)  # (T, B, E)
+        out_bias = self.out_proj.bias
+        out = F.linear(merged, self.out_proj.weight,
+                       None if out_bias is None else out_bias.to(self.out_proj.weight.dtype))
+        return out.transpose(0, 1), weights  # (B, T, E), a view of (T, B, E)
 
     def to_attnlab(self) -> Any:
         """The same parameters as an :class:`attnlab.torch.MultiHeadAttention` (attnlab's

@@ -119,6 +119,12 @@ def check_bias_values(bias: torch.Tensor, name: str = "bias") -> None:
 _NUMPY_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
+def numpy_dtype(dtype: torch.dtype) -> str:
+    """The NumPy dtype whose range bounds ``dtype``'s computation: float64 or float32 (float16
+    and bfloat16 are computed in float32)."""
+    return _NUMPY_DTYPES.get(dtype, "float32")
+
+
 def check_tensor_score_range(
     q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, scale: float,
     *, cached: torch.Tensor | None = None,

@@ -38,8 +38,14 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..errors import ShapeError, check_broadcastable, check_flag, check_scale, shape_str
-from ..kernel import check_softcap
+from ..errors import (
+    ShapeError,
+    check_broadcastable,
+    check_flag,
+    check_scale,
+    shape_str,
+)
+from ..kernel import check_alibi_range, check_softcap
 from ..shapes import (
     AttentionShapes,
     Band,
@@ -49,7 +55,13 @@ from ..shapes import (
     check_score_elements,
     check_window_pair,
 )
-from .checks import as_bool_tensor, as_float_tensor, check_same_device
+from . import debug
+from .checks import as_bool_tensor, as_float_tensor, check_same_device, check_tensor_alloc
+
+#: torch's own fused attention, bound once: code that swaps the global
+#: (``F.scaled_dot_product_attention = compat.scaled_dot_product_attention``, the
+#: usual way to route a model through attnlab) must not make attnlab call itself.
+TORCH_SDPA = F.scaled_dot_product_attention
 
 __all__ = [
     "AttentionInputs",
@@ -212,6 +224,12 @@ def _alibi_bias(
         )
     check_broadcastable(slopes_t.shape, batch, "alibi_slopes", "the batch dims (..., H)")
     check_same_device(like, "q", slopes_t, "alibi_slopes")
+    if debug.debug_checks_enabled():  # values are read only then, naming alibi_slopes
+        debug.check_finite([("alibi_slopes", slopes_t)])
+        if slopes_t.numel():
+            check_alibi_range(float(slopes_t.detach().abs().amax()), T, S,
+                              debug.numpy_dtype(compute_dtype(like.dtype)))
+    check_tensor_alloc((*slopes_t.shape, T, S), like.dtype, "the ALiBi bias (..., H, T, S)", "q, k")
     slopes_t = slopes_t.to(like.dtype)
     query_pos = torch.arange(T, device=like.device, dtype=like.dtype)[:, None] + offset
     distance = (query_pos - torch.arange(S, device=like.device, dtype=like.dtype)[None, :]).abs()
@@ -221,6 +239,7 @@ def _alibi_bias(
 def band_allowed(band: Band, T: int, S: int, device: Any = None) -> torch.Tensor:  # -> (T, S)
     """The checked band's mask (causal rule and window by position), True = may attend; the
     twin of :func:`attnlab.masks.band_mask`."""
+    check_tensor_alloc((T, S), torch.bool, "the window mask (T, S)", "q, k")
     query_pos = torch.arange(T, device=device)[:, None] + band.offset  # (T, 1)
     key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
     allowed = torch.ones((T, S), dtype=torch.bool, device=device)
@@ -239,6 +258,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def causal_allowed(T: int, S: int, device: Any = None) -> torch.Tensor:  # -> (T, S)
     """The bottom-right causal rule, True = may attend: query i, at S - T + i, sees
     keys j <= S - T + i."""
+    check_tensor_alloc((T, S), torch.bool, "the causal mask (T, S)", "q, k")
     query_pos = torch.arange(T, device=device)[:, None] + (S - T)  # (T, 1) absolute positions
     key_pos = torch.arange(S, device=device)[None, :]  # (1, S)
     return key_pos <= query_pos  # (T, S)
@@ -255,6 +275,8 @@ def window_allowed(
     ints: p - left <= j <= p + right. ``global_pos``: keys every query sees and
     queries that see every key (still cut at j <= p when causal).
     """
+    check_tensor_alloc((len(query_pos), len(key_pos)), torch.int64, "the window offsets (T, S)",
+                "q, k")
     offset = key_pos[None, :] - query_pos[:, None]  # (T, S): key position - query position
     if isinstance(window, tuple):
         left, right = window
@@ -329,6 +351,9 @@ def attend(
             or not (q.numel() and k.numel() and v.numel())):
         # The fused kernel has no rule for empty inputs (S = 0 above all), no soft cap,
         # takes no dropout mask and gives no lse.
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        check_tensor_alloc((*batch, T, S), compute_dtype(q.dtype), "the score matrix (..., T, S)",
+                           "q, k")
         return _plain(q, k, v, allowed, bias, scale, is_causal, dropout_p, return_weights,
                       softcap, dropout_mask, return_lse, sinks)
     if sinks is not None:
@@ -348,6 +373,8 @@ def _fused_with_sinks(
     if is_causal:  # only reached with T == S and no mask (see attend)
         allowed = causal_allowed(T, S, q.device)  # (T, S)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    check_tensor_alloc((*batch, T, S + 1), q.dtype, "the sinks' float mask (..., H, T, S + 1)",
+                       "q, k")
     q = q.expand(*batch, *q.shape[-2:])  # (..., H, T, D)
     k = k.expand(*batch, *k.shape[-2:])
     v = v.expand(*batch, *v.shape[-2:])
@@ -360,8 +387,7 @@ def _fused_with_sinks(
         scores_mask = scores_mask.masked_fill(~allowed, float("-inf"))
     sink_column = sinks.to(q.dtype)[:, None, None].expand(*batch, T, 1)  # (..., H, T, 1)
     attn_mask = torch.cat([scores_mask, sink_column], dim=-1)  # (..., H, T, S + 1)
-    return F.scaled_dot_product_attention(q, k_ext, v_ext, attn_mask=attn_mask,
-                                          dropout_p=dropout_p, scale=scale)
+    return TORCH_SDPA(q, k_ext, v_ext, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
 
 
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -442,7 +468,7 @@ def _fused(
         # A (S,) or () mask broadcasts to (..., T, S) like any other, but the fused
         # kernel reads its dim -2: give it one.
         attn_mask = attn_mask.reshape((1,) * (2 - attn_mask.ndim) + tuple(attn_mask.shape))
-    out = F.scaled_dot_product_attention(
+    out = TORCH_SDPA(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )  # (..., T, Dv)
     if attn_mask is not None and not (CPU_FUSED_ZEROES_EMPTY_ROWS and q.device.type == "cpu"):

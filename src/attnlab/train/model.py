@@ -30,6 +30,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from numbers import Integral
 from typing import Any, Literal, cast
 
 import torch
@@ -37,6 +38,7 @@ from torch import nn
 
 from ..errors import AttnlabError, check_flag, check_positive_int
 from ..hooks import HookSite, attached
+from ..messages import msg
 from ..torch import LayerNorm, MultiHeadAttention, PositionalEncoding
 
 __all__ = ["POSITIONS", "ModelConfig", "Decoder", "Block", "AblationMode"]
@@ -250,15 +252,21 @@ class Decoder(nn.Module):
     @contextmanager
     def ablate(
         self, heads: Sequence[tuple[int, int]], mode: AblationMode = "zero",
-        reference: torch.Tensor | None = None,
+        reference: torch.Tensor | None = None, *, name: str = "heads",
     ) -> Iterator[None]:
         """Within the block, the (layer, head) pairs' outputs are zeros (``"zero"``) or their
-        mean over the positions and examples of ``reference`` (B, T) ids (``"mean"``)."""
+        mean over the positions and examples of ``reference`` (B, T) ids (``"mean"``).
+        ``name``: the argument the pairs came in as (for errors)."""
         L, H = self.config.num_layers, self.config.num_heads
-        pairs = [(int(layer), int(head)) for layer, head in heads]
+        pairs: list[tuple[int, int]] = []
+        for item in heads:
+            if not (isinstance(item, tuple | list) and len(item) == 2 and all(
+                    isinstance(i, Integral) and not isinstance(i, bool) for i in item)):
+                raise AttnlabError(msg("train.head_pairs", name=name, got=repr(item)))
+            pairs.append((int(item[0]), int(item[1])))
         for layer, head in pairs:
             if not (0 <= layer < L and 0 <= head < H):
-                raise AttnlabError(f"heads: expected (layer, head) with 0 <= layer < {L} and "
+                raise AttnlabError(f"{name}: expected (layer, head) with 0 <= layer < {L} and "
                                    f"0 <= head < {H}, got ({layer}, {head})")
         if mode not in ("zero", "mean"):
             raise AttnlabError(f"mode: expected 'zero' or 'mean', got {mode!r}")
@@ -267,8 +275,8 @@ class Decoder(nn.Module):
             if reference is None:
                 raise AttnlabError("reference: mean ablation needs a (B, T) batch of ids")
 
-            def keep_mean(z: torch.Tensor, name: str) -> None:
-                layer = int(name.split(".")[1])
+            def keep_mean(z: torch.Tensor, hook: str) -> None:
+                layer = int(hook.split(".")[1])
                 means[layer] = z.detach().mean(dim=(0, 2))  # (H, Dv) over batch and positions
 
             with torch.no_grad(), attached(self, [(_is_head_output, keep_mean)]):
@@ -277,8 +285,8 @@ class Decoder(nn.Module):
         for layer, head in pairs:
             by_layer.setdefault(layer, []).append(head)
 
-        def replace(z: torch.Tensor, name: str) -> torch.Tensor | None:
-            layer = int(name.split(".")[1])
+        def replace(z: torch.Tensor, hook: str) -> torch.Tensor | None:
+            layer = int(hook.split(".")[1])
             if layer not in by_layer:
                 return None
             z = z.clone()  # (B, H, T, Dv)

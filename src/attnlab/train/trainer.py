@@ -142,6 +142,7 @@ class TrainResult:
     def metrics(self) -> dict[str, Any]:
         """The metrics.json content (see ``attnlab train``)."""
         final_loss = float(self.losses[-1]) if len(self.losses) else None
+        finite = np.flatnonzero(np.isfinite(self.losses))
         out: dict[str, Any] = {
             "task": self.task.name,
             "task_options": self.task.options,
@@ -152,6 +153,9 @@ class TrainResult:
             "heldout_loss": _finite(self.evaluation.loss),
             "heldout_examples": int(len(self.task.heldout_inputs)),
             "diverged_at": self.diverged_at,
+            # the last step whose training loss was finite (1-based), and that loss
+            "last_finite_step": int(finite[-1]) + 1 if len(finite) else None,
+            "last_finite_loss": float(self.losses[finite[-1]]) if len(finite) else None,
             "model": self.model_config.to_dict(),
             "train": self.config.to_dict(),
             "parameters": int(sum(p.numel() for p in self.model.parameters())),
@@ -207,7 +211,10 @@ def train(
 ) -> TrainResult:
     """Train a :class:`Decoder` of ``model_config`` on ``task``; see the module doc.
 
-    Training stops early when the loss stops being finite (``diverged_at`` says when).
+    Training stops early, without raising, when it diverges: when the training loss
+    stops being finite, or an update leaves the weights inf/NaN (seen at the next
+    snapshot). ``diverged_at`` is that step (1-based); ``losses`` ends there, and
+    ``metrics()`` gives ``last_finite_step`` and ``last_finite_loss``.
     """
     config = config or TrainConfig()
     if not isinstance(task, Task):
@@ -231,18 +238,24 @@ def train(
     history: dict[str, list[np.ndarray]] = {name: [] for name in DETECTORS}
     heldout_loss: list[float] = []
 
-    def snapshot(step: int) -> None:
+    def snapshot(step: int) -> bool:
+        """Record the held-out batch at ``step``; False (nothing recorded) when the
+        weights are no longer finite (the run diverged)."""
         model.eval()
         with torch.no_grad():
             logits, weights = model(snap_ids, return_weights=True)  # (B, L, H, T, T)
-            heldout_loss.append(float(_loss(logits, snap_targets)))
+            loss = float(_loss(logits, snap_targets))
+        model.train()
+        if not (math.isfinite(loss) and bool(torch.isfinite(weights).all())):
+            return False
+        heldout_loss.append(loss)
         w = weights.numpy()
         frames.append(w[0].astype(np.float32))
         for name, scores in all_head_scores(w, task.heldout_inputs[: len(w)],
                                             exclude_bos=exclude_bos).items():
             history[name].append(scores)
         taken.append(step)
-        model.train()
+        return True
 
     losses = np.full(config.steps, np.nan)
     diverged_at = None
@@ -266,8 +279,9 @@ def train(
         optimizer.step()
         if on_step is not None:
             on_step(step + 1, config.steps, value)
-        if step + 1 in wanted:
-            snapshot(step + 1)
+        if step + 1 in wanted and not snapshot(step + 1):
+            diverged_at = step + 1  # a finite loss, but the update made the weights inf/NaN
+            break
     losses = losses[: (diverged_at or config.steps)]
     model.eval()
     evaluation = evaluate(model, task, batch=config.eval_batch)
@@ -303,7 +317,7 @@ def evaluate(
     correct = torch.zeros(len(inputs), dtype=torch.bool)  # (N,)
     try:
         with torch.no_grad(), model.ablate(ablate, mode, reference=inputs if ablate and
-                                           mode == "mean" else None):
+                                           mode == "mean" else None, name="ablate"):
             for first in range(0, len(inputs), batch):
                 ids, tgt = inputs[first:first + batch], targets[first:first + batch]
                 logits = model(ids)  # (b, T, V)

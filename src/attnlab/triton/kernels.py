@@ -162,9 +162,10 @@ def flash_delta_kernel(
 ):
     """FA2 a2.L4: Dᵢ = rowsum(dOᵢ ∘ Oᵢ), the tutorial's _attn_bwd_preprocess.
 
-    flash.py's softmax_deltas computes δ = Σ_S P ⊙ dP / Σ_S P instead, in a pass
-    over every tile. Equal in exact arithmetic; see flash_attention_backward in
-    attnlab.triton.flash for why this kernel takes FlashAttention-2's form.
+    flash.py's backward computes δ = Σ_S P ⊙ dP / Σ_S P instead, from the P and
+    dP tiles it keeps for each block of queries. Equal in exact arithmetic; see
+    flash_attention_backward in attnlab.triton.flash for why this kernel takes
+    FlashAttention-2's form.
     """
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
     bh = tl.program_id(1)

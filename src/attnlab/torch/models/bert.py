@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...errors import AttnlabError, ShapeError, shape_str
+from ...errors import AttnlabError, ShapeError, check_text, shape_str
 from ...hooks import HookSite, attached
 from ...models import bert as np_bert
 from ...models import loading as np_loading
@@ -243,7 +243,7 @@ class BertModel(nn.Module):
         """Sentence embeddings (n, E): mean over real tokens, then L2-normalised, as
         sentence-transformers computes them. Batched as the NumPy model does (sorted by
         token count); the result is in the input order."""
-        texts = [texts] if isinstance(texts, str) else _text_list(texts)
+        texts = [check_text(texts, "texts")] if isinstance(texts, str) else _text_list(texts)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise AttnlabError(f"batch_size: expected a positive integer, got {batch_size!r}")
         sequences = [e.ids for e in self.tokenizer.encode_batch(texts)]
@@ -315,4 +315,6 @@ def _text_list(texts: Any) -> list[str]:
     items = list(texts) if hasattr(texts, "__iter__") and not isinstance(texts, bytes) else None
     if items is None or not all(isinstance(t, str) for t in items):
         raise AttnlabError(f"texts: expected a list of strings, got {type(texts).__name__}")
+    for index, text in enumerate(items):  # the tokenizer's own refusal is a bare TypeError
+        check_text(text, f"texts[{index}]")
     return items

@@ -1,0 +1,400 @@
+# ruff: noqa: E501  (a message catalog: a sentence reads best on one line)
+"""Keyed messages: every error and user-facing line is a key plus parameters, rendered
+in English or Chinese (gettext style). Nothing is translated by matching English text.
+
+How to use it
+-------------
+1. Add the key to :data:`MESSAGES` with both languages; the templates are
+   ``str.format`` strings over the same named fields::
+
+       "cli.timeout": ("--timeout: expected seconds > 0, got {got}",
+                       "--timeout：需要 > 0 的秒数，实际得到 {got}"),
+
+   ``tests/core/test_messages.py`` checks that every key has both languages, that
+   the two templates use the same fields, and that every key the source names exists.
+2. Raise it: ``raise AttnlabError(msg("cli.timeout", got=-1))``
+   (:class:`attnlab.errors.AttnlabError` and the CLI's ``CliError`` take a
+   :class:`Message` where they took a string; ``str(error)`` is the English and
+   ``error.message`` the :class:`Message`).
+3. Show it: ``message.render("zh")``; the command line renders an error's message
+   in the language of ``--lang`` (:func:`render_error`).
+
+Parameters are values (numbers, names, reprs), which stay as they are in both
+languages, or other :class:`Message` objects (a phrase such as "an int seed >= 0"),
+which are rendered in the same language as the message holding them.
+
+Names stay as they are in Chinese: argument names, Q, K, V, softmax, file names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["MESSAGES", "LANGS", "Message", "msg", "render", "render_error"]
+
+LANGS = ("en", "zh")
+Language = Literal["en", "zh"]
+
+#: key -> (English template, Chinese template).
+MESSAGES: dict[str, tuple[str, str]] = {
+    # ---- phrases used as parameters of other messages
+    "phrase.empty_string": ("an empty string", "空字符串"),
+    "phrase.seed": ("an int seed >= 0", "≥ 0 的整数种子"),
+    "phrase.some_text": ("some text", "一段文本"),
+    "phrase.int": ("int", "整数"),
+    "phrase.float": ("float", "数字"),
+    "phrase.error": ("error: {text}", "错误：{text}"),
+    # ---- the generic checks of attnlab.errors
+    "check.none": ("{name}: expected an array, got None", "{name}：需要一个数组，实际得到 None"),
+    "check.expected_got": ("{name}: expected {what}, got {got}", "{name}：需要{what}，实际得到 {got}"),
+    "check.dtype_bool": ("{name}: expected a numeric array, got dtype bool", "{name}：需要数值数组，实际得到 bool 类型"),
+    "check.dtype_real": ("{name}: expected a real float or integer array, got dtype {dtype}", "{name}：需要实数浮点或整数数组，实际得到 {dtype} 类型"),
+    "check.requires_grad": ("{name}: expected a NumPy array, got a {type} that requires grad; pass {name}.detach() to the NumPy core, or use attnlab.torch to keep the gradient",
+                            "{name}：需要 NumPy 数组，实际得到需要梯度的 {type}；请把 {name}.detach() 传给 NumPy 核心，或用 attnlab.torch 保留梯度"),
+    "check.unreadable": ("{name}: could not be read as {what} ({detail})", "{name}：无法读作{what}（{detail}）"),
+    "check.what.array": ("an array", "数组"),
+    "check.what.numeric_array": ("a numeric array", "数值数组"),
+    "check.finite": ("{name}: expected finite values, got {count} non-finite (first: {kind} at index {index})",
+                     "{name}：需要有限值，实际有 {count} 个非有限值（第一个：位置 {index} 上的 {kind}）"),
+    "check.ndim": ("{name}: expected {layout}, got {shape}", "{name}：需要 {layout}，实际形状为 {shape}"),
+    "check.integer": ("{name}: expected an integer, got {type} {got}", "{name}：需要整数，实际得到 {type} {got}"),
+    "check.integer_at_least": ("{name}: expected an integer >= {low}, got {got}", "{name}：需要 ≥ {low} 的整数，实际得到 {got}"),
+    "check.broadcast": ("{name}: expected a shape broadcastable to {layout} = {target}, got {shape}",
+                        "{name}：需要能广播到 {layout} = {target} 的形状，实际为 {shape}"),
+    "check.flag": ("{name}: expected True or False, got {got}", "{name}：需要 True 或 False，实际得到 {got}"),
+    "check.scale_type": ("{name}: expected a real number or None, got {got}", "{name}：需要实数或 None，实际得到 {got}"),
+    "check.scale_finite": ("{name}: expected a finite number, got {got}", "{name}：需要有限的数，实际得到 {got}"),
+    "check.utf8": ("{name}: expected text that can be written as UTF-8, got {got} with the lone surrogate {char} at index {index} (undecodable bytes?); decode the bytes with errors='replace' first",
+                   "{name}：需要能写成 UTF-8 的文本，实际得到 {got}，其中位置 {index} 有孤立的代理字符 {char}（无法解码的字节？）；请先用 errors='replace' 解码"),
+    "check.alloc": ("{name}: {what} = {shape} would hold {count} elements ({gib} GiB), more than attnlab's limit of {limit} (attnlab.errors.MAX_ELEMENTS); use smaller sizes",
+                    "{name}：{what} = {shape} 将有 {count} 个元素（{gib} GiB），超过 attnlab 的上限 {limit}（attnlab.errors.MAX_ELEMENTS）；请用更小的尺寸"),
+    "check.folder_is_file": ("{name}: expected a folder, got {path}, which is a file", "{name}：需要一个文件夹，但 {path} 是一个文件"),
+    "check.folder_blocked": ("{name}: cannot create the folder {path}: {blocking} is a file", "{name}：无法创建文件夹 {path}：{blocking} 是一个文件"),
+    "check.folder_failed": ("{name}: cannot create the folder {path} ({detail})", "{name}：无法创建文件夹 {path}（{detail}）"),
+    "check.bool_mask": ("{name}: expected a bool array (True = may attend), got dtype {dtype}. For a 0/1 mask use attnlab.masks.from_keep(m) (1 = may attend) or attnlab.masks.from_blocked(m) (1 = blocked, as in seed 000); additive values belong in bias=",
+                        "{name}：需要 bool 数组（True = 可以关注），实际为 {dtype} 类型。0/1 掩码请用 attnlab.masks.from_keep(m)（1 = 可以关注）或 attnlab.masks.from_blocked(m)（1 = 屏蔽，同原文 000）；加性的值请传给 bias="),
+    "check.missing_extra": ("{feature} needs the '{module}' package, which is not installed. Install it with: pip install 'attnlab[{extra}]'",
+                            "{feature}需要 '{module}' 包，但它没有安装。请用 pip install 'attnlab[{extra}]' 安装"),
+    "check.rng_type": ("rng: expected a numpy.random.Generator, an int seed >= 0 or None, got {type} {got}",
+                       "rng：需要 numpy.random.Generator、≥ 0 的整数种子或 None，实际得到 {type} {got}"),
+    # ---- the kernel's score-range check
+    "kernel.raw_overflow": ("{names}: the scores q·kᵀ could reach {raw} before scaling (D·max|q|·max|k| with D = {D}, max|q| = {q_max}, max|k| = {k_max}), beyond {dtype}'s largest value {limit}: they would overflow to inf and give NaN; {advice}",
+                            "{names}：缩放之前的分数 q·kᵀ 可能达到 {raw}（D·max|q|·max|k|，其中 D = {D}，max|q| = {q_max}，max|k| = {k_max}），超过 {dtype} 的最大值 {limit}：会溢出为 inf 并得到 NaN；{advice}"),
+    "kernel.scaled_overflow": ("{names}: the scaled scores could reach {bound} (D·max|q|·max|k|·|scale| with D = {D}, max|q| = {q_max}, max|k| = {k_max}, scale = {scale}), beyond {dtype}'s largest value {limit}: they would overflow to inf and give NaN; {advice}",
+                               "{names}：缩放后的分数可能达到 {bound}（D·max|q|·max|k|·|scale|，其中 D = {D}，max|q| = {q_max}，max|k| = {k_max}，scale = {scale}），超过 {dtype} 的最大值 {limit}：会溢出为 inf 并得到 NaN；{advice}"),
+    "kernel.advice": ("scale q and k down", "请把 q 和 k 缩小"),
+    "kernel.advice_float64": ("scale q and k down, or compute in float64", "请把 q 和 k 缩小，或改用 float64 计算"),
+    # ---- edges of the kernels, caches, merges and ring (each argument named)
+    "kernel.alibi_range": ("alibi_slopes: expected |slope|·(T + S) below {limit} (a quarter of {dtype}'s largest value) so that the bias -slope·|i' - j| stays finite, got max|slope| = {slope} with T + S = {length}",
+                           "alibi_slopes：需要 |slope|·(T + S) 小于 {limit}（{dtype} 最大值的四分之一），使偏置 -slope·|i' - j| 保持有限，实际 max|slope| = {slope}，T + S = {length}"),
+    "flash.merge_unweighable": ("lse1, lse2: expected log-sum-exps that can weigh the two parts, got {lse1} and {lse2} at row {row}: a finite fill this large over a whole row leaves each part's key count below float64's rounding of its lse; mask those keys with a boolean mask (an empty part has lse -inf and merges exactly) or use a fill of magnitude at most 1e6",
+                                "lse1, lse2：需要能为两部分定权重的 log-sum-exp，实际在第 {row} 行得到 {lse1} 和 {lse2}：整行都是这么大的有限填充值时，每部分键的个数已小于 float64 对其 lse 的舍入；请用布尔掩码屏蔽这些键（没有键的部分 lse 为 -inf，可以精确合并），或使用绝对值不超过 1e6 的填充值"),
+    "paged.block_id": ("blocks: expected block ids in 0..{last} (this pool's), got {got}", "blocks：需要 0..{last} 之间的块编号（本池的），实际得到 {got}"),
+    "paged.block_free": ("blocks: expected blocks in use, got {block}, which is already free (given back twice)", "blocks：需要正在使用的块，实际得到 {block}，它已经空闲（归还了两次）"),
+    "varlen.total_int64": ("lengths: expected a total length that fits int64 (at most {limit}), got {got}", "lengths：需要能放进 int64 的总长度（至多 {limit}），实际得到 {got}"),
+    "ring.unshard_kind": ("parts[{index}]: expected a shard of the kind of parts[0] ({kind}), got {got}", "parts[{index}]：需要与 parts[0] 同类的分片（{kind}），实际得到 {got}"),
+    "lens.whole_positions": ("positions: expected whole token indices, got {got}", "positions：需要整数的词元下标，实际得到 {got}"),
+    "train.head_pairs": ("{name}: expected (layer, head) pairs of ints, got {got}", "{name}：需要由整数组成的 (layer, head) 对，实际得到 {got}"),
+    # ---- explain
+    "explain.rope_d_k": ("d_k: pos='rope' rotates pairs of features, expected an even d_k, got {got}", "d_k：pos='rope' 成对旋转特征，需要偶数的 d_k，实际得到 {got}"),
+    "explain.seed001_heads": ("num_heads: split='seed001' divides E = {E} into {H} heads (seed 001's assert d_model % h == 0), got a remainder {remainder}",
+                              "num_heads：split='seed001' 把 E = {E} 平分给 {H} 个头（原文 001 的 assert d_model % h == 0），余数为 {remainder}"),
+    "explain.seed001_d_k": ("d_k: split='seed001' uses d_k = E / H = {d_k}, got {got}", "d_k：split='seed001' 使用 d_k = E / H = {d_k}，实际得到 {got}"),
+    "explain.x_empty": ("X: expected at least one token and one feature, got {shape}", "X：至少需要一个词元和一个特征，实际形状为 {shape}"),
+    # ---- the distributed layouts
+    "ring.length": ("{name}: the {layout} layout cuts the sequence into {rule} = {chunks} equal chunks, so the length must be a multiple of {chunks}, got {T}; pad it to {padded} (attnlab.distributed.padded_length) and pass key_padding False on the padding",
+                    "{name}：{layout} 布局把序列切成 {rule} = {chunks} 个等长的块，所以长度必须是 {chunks} 的倍数，实际为 {T}；请填充到 {padded}（attnlab.distributed.padded_length），并在填充处把 key_padding 设为 False"),
+    "ring.kv_heads": ("--kv-heads: expected a divisor of --heads {heads}, got {kv_heads}", "--kv-heads：需要能整除 --heads {heads} 的数，实际得到 {kv_heads}"),
+    "ring.out_needs_simulate": ("--out: writes the simulation's figure, so it needs --simulate", "--out：写出的是模拟的图，需要同时给出 --simulate"),
+    # ---- the lens
+    "lens.link": ("{name}: expected two tokens joined by '->' such as 'it->animal', got {got}", "{name}：需要用 '->' 连接的两个词元，例如 'it->animal'，实际得到 {got}"),
+    "lens.link_type": ("{name}: expected text such as 'it->animal', got {type}", "{name}：需要文本，例如 'it->animal'，实际得到 {type}"),
+    "lens.not_a_token": ("{name}: expected one of the text's tokens, got {got} (the tokens are: {tokens})", "{name}：需要文本中的一个词元，实际得到 {got}（词元为：{tokens}）"),
+    # ---- the command line
+    "cli.text_or_study": ("text: expected a TEXT, or --study (not both)", "text：需要一段 TEXT，或者 --study（二者不能同时给出）"),
+    "cli.text_needed": ("text: expected a TEXT, or --study", "text：需要一段 TEXT，或者 --study"),
+    "cli.numbers_in": ("{flag}: expected numbers in 1..{count}, got {got}", "{flag}：需要 1..{count} 之间的数，实际得到 {got}"),
+    "cli.int_list": ("{flag}: expected comma-separated integers like {example}, got {got}", "{flag}：需要用逗号分隔的整数，例如 {example}；实际得到 {got}"),
+    "cli.positive_ints": ("{flag}: expected positive integers like {example}, got {got}", "{flag}：需要正整数，例如 {example}；实际得到 {got}"),
+    "cli.file_not_found": ("{flag}: file not found: {path}", "{flag}：找不到文件：{path}"),
+    "cli.not_npy": ("{flag}: {path} is not a .npy file (no NumPy header)", "{flag}：{path} 不是 .npy 文件（没有 NumPy 文件头）"),
+    "cli.bad_npy": ("{flag}: could not read {path} as a .npy array ({detail})", "{flag}：无法把 {path} 读作 .npy 数组（{detail}）"),
+    "cli.bad_csv": ("{flag}: could not read {path} as a numeric CSV ({detail})", "{flag}：无法把 {path} 读作数值 CSV（{detail}）"),
+    "cli.empty_csv": ("{flag}: {path} holds no numbers", "{flag}：{path} 里没有数字"),
+    "cli.matrix": ("{flag}: expected a matrix like '1,0,1,0; 0,2,0,2' or '[[1,0],[0,1]]' or a .npy/.csv file, got {got}",
+                   "{flag}：需要一个矩阵，例如 '1,0,1,0; 0,2,0,2' 或 '[[1,0],[0,1]]'，或一个 .npy/.csv 文件；实际得到 {got}"),
+    "cli.matrix_2d": ("{flag}: expected a 2-D matrix (rows = tokens), got shape {shape}", "{flag}：需要二维矩阵（每行一个词元），实际形状为 {shape}"),
+    "cli.empty_field": ("{flag}: row {number} of {text} has an empty field ({row}); expected numbers separated by commas, rows by ';'",
+                        "{flag}：{text} 的第 {number} 行有空的字段（{row}）；数字之间用逗号分隔，行之间用 ';' 分隔"),
+    "cli.empty_row": ("{flag}: row {number} of {text} has an empty row ({row}); expected numbers separated by commas, rows by ';'",
+                      "{flag}：{text} 的第 {number} 行是空行（{row}）；数字之间用逗号分隔，行之间用 ';' 分隔"),
+    "cli.folder_empty": ("{flag}: expected a folder, got an empty string", "{flag}：需要一个文件夹，实际得到空字符串"),
+    "cli.folder_is_file": ("{flag}: expected a folder, got {path}, which is a file", "{flag}：需要一个文件夹，但 {path} 是一个文件"),
+    "cli.folder_failed": ("{flag}: could not create the folder {path} ({detail})", "{flag}：无法创建文件夹 {path}（{detail}）"),
+    "cli.folder_readonly": ("{flag}: the folder {path} is not writable", "{flag}：文件夹 {path} 不可写"),
+    "cli.memory": ("{flag}: {what} needs about {need} GiB, more than this machine's {total} GiB of memory; use smaller sizes",
+                   "{flag}：{what}大约需要 {need} GiB，超过本机的 {total} GiB 内存；请用更小的尺寸"),
+    "cli.no_memory": ("not enough memory: {detail}; use smaller sizes", "内存不足：{detail}；请用更小的尺寸"),
+    "cli.os_error": ("{detail}", "{detail}"),
+    "cli.internal": ("internal error: {type}: {detail}", "内部错误：{type}：{detail}"),
+    "cli.tokens_empty": ("--tokens: expected at least one token, got an empty string", "--tokens：至少需要一个词元，实际得到空字符串"),
+    "cli.precision": ("--precision: expected 0..12, got {got}", "--precision：需要 0..12，实际得到 {got}"),
+    "cli.padding": ("--padding: expected {count} values of 1 (a real token) or 0 (padding), one per token, like {example}, got {got}",
+                    "--padding：需要 {count} 个值，每个词元一个，1 表示真实词元、0 表示填充，例如 {example}；实际得到 {got}"),
+    "cli.text_empty": ("{flag}: expected some text, got an empty string", "{flag}：需要一段文本，实际得到空字符串"),
+    "cli.max_length": ("--max-length: expected a number of tokens >= 1, got {got}", "--max-length：需要 ≥ 1 的词元数，实际得到 {got}"),
+    "cli.prefixed": ("{flag}: {inner}", "{flag}：{inner}"),
+    "cli.generate_count": ("--generate: expected a number of tokens >= 0, got {got}", "--generate：需要 ≥ 0 的词元数，实际得到 {got}"),
+    "cli.generate_or_pair": ("--generate: expected either --generate or --pair, got both", "--generate：--generate 和 --pair 只能二选一，实际两个都给了"),
+    "hf.not_a_folder": ("{name}: expected a Hugging Face folder (config.json, weights, tokenizer) or a hub name, got {got}", "{name}：需要一个 Hugging Face 模型文件夹（config.json、权重、分词器）或 Hub 上的模型名，实际得到 {got}"),
+    "hf.hub_unreachable": ("{name}: cannot load {got} from the Hugging Face hub (offline or unknown: {detail}); give a local folder", "{name}：无法从 Hugging Face Hub 加载 {got}（离线或不存在：{detail}）；请给出本地文件夹"),
+    "hf.folder_unreadable": ("{name}: cannot load the folder {got} ({detail})", "{name}：无法加载文件夹 {got}（{detail}）"),
+    "hf.encoder_generate": ("{name}: {model} is an encoder (no language-model head); --generate needs a decoder", "{name}：{model} 是编码器（没有语言模型头）；--generate 需要解码器"),
+    "cli.pair_with_study": ("--pair: not with --study (the study reads the shipped pairs)", "--pair：不能与 --study 同用（研究读取随包提供的句子对）"),
+    "cli.d_model_with_x": ("--d-model: only used with --tokens and no --x (the width of the toy embeddings), got --d-model {got} with --x", "--d-model：只在给 --tokens、不给 --x 时使用（玩具嵌入向量的宽度），实际在给了 --x 时得到 --d-model {got}"),
+    "cli.d_model_no_tokens": ("--d-model: only used with --tokens and no --x (the width of the toy embeddings), got --d-model {got} with no --tokens", "--d-model：只在给 --tokens、不给 --x 时使用（玩具嵌入向量的宽度），实际在没有 --tokens 时得到 --d-model {got}"),
+    "cli.too_much_to_print": ("--x/--tokens/--d-model/--heads/--d-k: explain prints every matrix, and T = {T} tokens, E = {E}, {H} head(s) of d_k = {D} would print {count} numbers, more than {limit}; use smaller sizes, or attnlab.explain() from Python",
+                              "--x/--tokens/--d-model/--heads/--d-k：explain 打印每一个矩阵，T = {T} 个词元、E = {E}、{H} 个 d_k = {D} 的头将打印 {count} 个数，超过 {limit}；请用更小的尺寸，或在 Python 中调用 attnlab.explain()"),
+    "cli.positive": ("{flag}: expected a positive integer, got {got}", "{flag}：需要正整数，实际得到 {got}"),
+    "cli.timeout": ("--timeout: expected seconds > 0, got {got}", "--timeout：需要 > 0 的秒数，实际得到 {got}"),
+    "cli.task_needed": ("train: expected a TASK (one of {tasks}) or --study", "train：需要一个任务 TASK（{tasks} 之一）或 --study"),
+    "cli.task_or_study": ("train: expected a TASK or --study, not both", "train：需要一个任务 TASK 或 --study，二者不能同时给出"),
+    "cli.names_from": ("{flag}: expected names from {names}, got {got}", "{flag}：需要从 {names} 中选取的名字，实际得到 {got}"),
+    "cli.profile_scores": ("--seq-lens/--batch: T = {T} with batch {batch} and {heads} heads needs a score matrix of {count} elements, more than the limit of {limit} (attnlab.attention.MAX_SCORE_ELEMENTS)",
+                           "--seq-lens/--batch：T = {T}、批大小 {batch}、{heads} 个头需要 {count} 个元素的分数矩阵，超过上限 {limit}（attnlab.attention.MAX_SCORE_ELEMENTS）"),
+    "cli.profile_what": ("T = {T} with batch {batch} ({heads} heads)", "T = {T}、批大小 {batch}（{heads} 个头）"),
+    "cli.approx_threads": ("--threads: expected 0 (leave unchanged) or more, got {got}", "--threads：需要 0（不改动）或更大的数，实际得到 {got}"),
+    "cli.approx_long": ("--long: expected 0 (skip) or a length, got {got}", "--long：需要 0（跳过）或一个长度，实际得到 {got}"),
+    "cli.number_at_least_0": ("{flag}: expected a number >= 0, got {got}", "{flag}：需要 ≥ 0 的数，实际得到 {got}"),
+    "cli.approx_exact_at": ("exact attention at T = {T}", "T = {T} 时的精确注意力"),
+    "cli.approx_dense_at": ("dense attention at T = {T}", "T = {T} 时的稠密注意力"),
+    "cli.pair_empty": ("--pair: expected some text, got an empty string", "--pair：需要一段文本，实际得到空字符串"),
+    # ---- attnlab verify (attnlab.hf.verify's report)
+    "verify.no_model": ("MODEL_DIR: expected a model folder with config.json, got {got}", "MODEL_DIR：需要一个含 config.json 的模型文件夹，实际得到 {got}"),
+    "verify.unreadable": ("MODEL_DIR: transformers could not read {path}: {detail}", "MODEL_DIR：transformers 无法读取 {path}：{detail}"),
+    "verify.title": ("attnlab verify: {model}, {dtype}, batch {B} × {T} tokens", "attnlab verify（核对）：{model}，{dtype}，批 {B} × {T} 个词元"),
+    "verify.padded": (" (padded)", "（含填充）"),
+    "verify.reference": ("reference: attnlab's plain path in float64; rounding budget = 2 × {baseline}'s error (FlashAttention's rule)",
+                         "参考：attnlab 的朴素路径（float64）；舍入预算 = {baseline} 误差的 2 倍（FlashAttention 的规则）"),
+    "verify.legend": ("hidden states: max |h − h_float64| over real tokens; weights: max over heads (worst head)",
+                      "隐藏状态：真实词元上的 max |h − h_float64|；权重：各头中的最大值（最差的头）"),
+    "verify.layer": ("layer", "层"),
+    "verify.budget": ("budget", "预算"),
+    "verify.weights": ("weights {name}", "权重 {name}"),
+    "verify.first": ("first layer past the budget: {items}", "第一个超出预算的层：{items}"),
+    "verify.none": ("none", "无"),
+    "verify.verdict": ("verdict: {items}", "结论：{items}"),
+    "verify.rounding": ("rounding", "舍入误差"),
+    "verify.bug": ("BUG (beyond rounding)", "错误（超出舍入误差）"),
+    "verify.unavailable": ("not available for this model", "此模型不支持"),
+    "verify.eager_not_finite": ("note: eager is not finite on real tokens (it upcasts softmax to float32; float64 with padding gives NaN): {baseline} is the baseline",
+                                "注：eager 在真实词元上不是有限值（它把 softmax 提升到 float32；float64 加填充会得到 NaN）：改用 {baseline} 作基线"),
+    "verify.unavailable_note": ("note: {name} is not available for this model", "注：此模型不支持 {name}"),
+    # ---- argparse's own errors (the command line's parser raises them with these keys)
+    "argparse.invalid_choice": ("argument {arg}: invalid choice: {got} (choose from {choices})", "参数 {arg}：无效的选择 {got}（可选：{choices}）"),
+    "argparse.invalid_value": ("argument {arg}: invalid {type} value: {got}", "参数 {arg}：{got} 不是有效的{type}"),
+    "argparse.one_argument": ("argument {arg}: expected one argument", "参数 {arg}：需要一个值"),
+    "argparse.required": ("the following arguments are required: {args}", "缺少必需的参数：{args}"),
+    "argparse.unrecognized": ("unrecognized arguments: {args}", "无法识别的参数：{args}"),
+    "argparse.other": ("{detail}", "{detail}"),
+    # ---- the trainer
+    "train.diverged": ("training diverged at step {step} ({what}); the last finite loss was {last_loss} at step {last_step}; try a smaller --lr (it was {lr}); metrics.json written to {path}",
+                       "训练在第 {step} 步发散（{what}）；最后一个有限的损失是第 {last_step} 步的 {last_loss}；请用更小的 --lr（本次为 {lr}）；metrics.json 已写入 {path}"),
+    "train.diverged_nowhere": ("training diverged at step {step} ({what}), before any finite loss; try a smaller --lr (it was {lr}); metrics.json written to {path}",
+                               "训练在第 {step} 步发散（{what}），此前没有任何有限的损失；请用更小的 --lr（本次为 {lr}）；metrics.json 已写入 {path}"),
+    "train.loss_nonfinite": ("the loss became {loss}", "损失变为 {loss}"),
+    "train.weights_nonfinite": ("the update made the weights inf or NaN", "这一步更新使权重变为 inf 或 NaN"),
+    "train.needs_torch": ("attnlab train needs PyTorch, which is not installed. Install it with: pip install 'attnlab[torch]'",
+                          "attnlab train 需要 PyTorch，但它没有安装。请用 pip install 'attnlab[torch]' 安装"),
+    # ---- models
+    "models.max_length": ("{name}: expected an integer in 1..{limit} (max_position_embeddings), got {got}", "{name}：需要 1..{limit} 之间的整数（max_position_embeddings），实际得到 {got}"),
+    # ---- attnlab.exercises: the checker's verdicts and hints (d2l's Chinese terms)
+    "exercise.ok": ("Correct: all {n} checks passed (random inputs and edge cases).",
+                     "正确！通过了全部 {n} 组检查（随机输入和边界情况）。"),
+    "exercise.not_written": ("Not written yet: replace `raise NotImplementedError` with your code, then run this check again.",
+                              "还没有写：把 `raise NotImplementedError` 换成你的代码，再运行这个检查。"),
+    "exercise.not_callable": ("check needs your function itself (e.g. check(\"{name}\", {name})); it received {kind}.",
+                               "check 需要你写的函数本身（例如 check(\"{name}\", {name})），收到的是 {kind}。"),
+    "exercise.crashed": ("Your function failed on \"{case}\": {error}",
+                          "你的函数在「{case}」上出错：{error}"),
+    "exercise.not_array": ("The return value should be a NumPy array; got {kind} (\"{case}\").",
+                            "返回值应是 NumPy 数组，得到的是 {kind}（「{case}」）。"),
+    "exercise.shape": ("Wrong shape (\"{case}\"): expected {expected}, got {got}.",
+                        "形状不对（「{case}」）：期望 {expected}，得到 {got}。"),
+    "exercise.nonfinite": ("The output holds NaN or inf (\"{case}\"): look at the divisions and the exp.",
+                            "输出里有 NaN 或 inf（「{case}」）：检查除法和 exp。"),
+    "exercise.wrong": ("Wrong values (\"{case}\"): up to {diff:.3g} away from attnlab's result.",
+                        "数值不对（「{case}」）：与 attnlab 的结果最大相差 {diff:.3g}。"),
+    "exercise.qkv_not_three": ("Return three arrays (Q, K, V); got {kind}.",
+                                "应返回三个数组 (Q, K, V)，得到的是 {kind}。"),
+    "exercise.qkv_order": ("Q, K and V are in the wrong order: return (X @ Wq, X @ Wk, X @ Wv).",
+                            "Q、K、V 的顺序不对：应返回 (X @ Wq, X @ Wk, X @ Wv)。"),
+    "exercise.qkv_weight_first": ("The product is the wrong way round: each row of X is a token, so write X @ Wq, not Wq @ X.",
+                                   "矩阵乘法的顺序反了：X 的每一行是一个词元，应写 X @ Wq，而不是 Wq @ X。"),
+    "exercise.qkv_transposed_weight": ("The weights are already (E, D): write X @ Wq, without transposing Wq.",
+                                        "权重已经是 (E, D) 形状：直接写 X @ Wq，不要转置 Wq。"),
+    "exercise.no_transpose": ("Did you transpose K? The scores are Q @ K.T, of shape (T, S).",
+                               "把 K 转置了吗？分数是 Q @ K.T，形状 (T, S)。"),
+    "exercise.scores_transposed": ("Rows and columns are swapped: row i holds query i's score for every key; write Q @ K.T, not K @ Q.T.",
+                                    "行和列反了：第 i 行是第 i 个查询对每个键的分数，应写 Q @ K.T，不是 K @ Q.T。"),
+    "exercise.scaled_too_early": ("This step is the dot product Q @ K.T only; dividing by √d_k is the next step.",
+                                   "这一步只求点积 Q @ K.T；除以 √d_k 是下一步的事。"),
+    "exercise.no_scale": ("You did not divide by √d_k: divide the scores by np.sqrt(d_k), d_k being K's last dimension.",
+                           "没有除以 √d_k：分数要除以 np.sqrt(d_k)，d_k 是 K 的最后一维。"),
+    "exercise.scale_by_dk": ("You divided by d_k; divide by √d_k (np.sqrt(d_k)).",
+                              "除以的是 d_k，应除以 √d_k（np.sqrt(d_k)）。"),
+    "exercise.scale_by_length": ("The d_k in √d_k is the width of each key vector (K.shape[-1]), not the number of tokens.",
+                                  "√d_k 里的 d_k 是每个键向量的维度（K.shape[-1]），不是词元个数。"),
+    "exercise.scale_multiplied": ("You multiplied by √d_k; divide by it.",
+                                   "乘以了 √d_k，应除以 √d_k。"),
+    "exercise.softmax_axis": ("The rows of weights do not sum to 1: is softmax's axis right? Normalise along the last axis (axis=-1, each row).",
+                               "每行权重之和不是 1：softmax 的 axis 对吗？应沿最后一维（axis=-1，每一行）归一化。"),
+    "exercise.softmax_global_sum": ("You divided by the sum of the whole matrix: normalise each row on its own, np.sum(..., axis=-1, keepdims=True).",
+                                     "除以的是整个矩阵的和：每一行要单独归一化，np.sum(..., axis=-1, keepdims=True)。"),
+    "exercise.softmax_no_keepdims": ("The sum lacks keepdims=True: a (T,) vector of row sums broadcasts across columns, not rows.",
+                                      "求和时少了 keepdims=True：(T,) 的行和会按列广播，而不是按行。"),
+    "exercise.softmax_no_max": ("You did not subtract each row's maximum: large logits (e.g. 1000) overflow np.exp to inf and give NaN. Compute x - x.max(axis=-1, keepdims=True) first.",
+                                 "没有减去每行的最大值：大的 logits（例如 1000）让 np.exp 溢出成 inf，结果是 NaN。先 x - x.max(axis=-1, keepdims=True)。"),
+    "exercise.softmax_global_max": ("You subtracted the maximum of the whole matrix: a row far below it underflows to 0/0. Subtract each row's own maximum (axis=-1, keepdims=True).",
+                                     "减去的是整个矩阵的最大值：数值差得远的行会下溢成 0/0。应减去每一行自己的最大值（axis=-1, keepdims=True）。"),
+    "exercise.returned_weights": ("You returned the attention weights (T, S): the output is their weighted sum of V, weights @ V.",
+                                   "返回的是注意力权重 (T, S)：还要用权重对 V 加权求和，weights @ V。"),
+    "exercise.weights_transposed": ("The weights are transposed: the output is weights @ V, row i using query i's weights.",
+                                     "权重转置了：输出是 weights @ V，第 i 行用第 i 个查询的权重。"),
+    "exercise.output_transposed": ("The output is transposed: it should be (T, Dv), one row per query.",
+                                    "输出转置了：应是 (T, Dv)，每行对应一个查询。"),
+    "exercise.mask_reversed": ("The mask is the wrong way round: True means may attend (attnlab's rule), False is masked out.",
+                                "掩码方向反了：True 表示可以关注（attnlab 的约定），False 才是被掩蔽。"),
+    "exercise.mask_seed000": ("This is seed 000's convention (1 = blocked); attnlab uses booleans, True = may attend: return np.tril(np.ones((T, T), dtype=bool)).",
+                               "这是原文 000 的约定（1 = 屏蔽）；attnlab 用布尔值，True = 可以关注：返回 np.tril(np.ones((T, T), dtype=bool))。"),
+    "exercise.mask_not_bool": ("The values are right, but return a boolean array (dtype=bool), True = may attend.",
+                                "值对了，但应返回布尔数组（dtype=bool），True = 可以关注。"),
+    "exercise.causal_no_diagonal": ("The diagonal must be True too: each token may attend to itself (np.tril with k=0).",
+                                     "对角线也要是 True：每个词元可以关注它自己（np.tril，k=0）。"),
+    "exercise.padding_off_by_one": ("Off by one: position j is a real token when j < valid_len (use <, not <=).",
+                                     "差了一个：位置 j < valid_len 才是真实词元（用 <，不是 <=）。"),
+    "exercise.mask_after_softmax": ("You masked after the softmax: the rows no longer sum to 1. Set the masked scores to -inf before the softmax (np.where(mask, scores, -np.inf)).",
+                                     "在 softmax 之后才掩蔽：每行之和不再是 1。应在 softmax 之前把被掩蔽的分数设为 -inf（np.where(mask, scores, -np.inf)）。"),
+    "exercise.full_row_minus_1e9": ("When a whole row is masked, seed 000's -1e9 cancels once the row maximum is subtracted: silently, the row is as if unmasked (-1e9 added) or the average of all of V (scores replaced by -1e9). attnlab's rule is an output of 0 there: e.g. end with np.where(mask.any(-1, keepdims=True), out, 0).",
+                                     "某一行全部被掩蔽时，原文 000 的 -1e9 写法在减去每行最大值之后被抵消：这一行等于没有掩蔽（加上 -1e9 时）或成了所有 V 的平均（换成 -1e9 时），悄无声息。attnlab 约定这一行输出 0：例如最后 np.where(mask.any(-1, keepdims=True), out, 0)。"),
+    "exercise.full_row_nan": ("When a whole row is masked, its softmax becomes 0/0 (or -inf - (-inf)) and gives NaN. attnlab's rule is an output of 0 there: e.g. end with np.where(mask.any(-1, keepdims=True), out, 0).",
+                               "某一行全部被掩蔽时，这一行的 softmax 成了 0/0（或 -inf - (-inf)），得到 NaN。attnlab 约定这一行输出 0：例如最后 np.where(mask.any(-1, keepdims=True), out, 0)。"),
+    "exercise.split_no_transpose": ("One step missing: after the reshape to (B, T, H, D), swap the T and H axes to get (B, H, T, D).",
+                                     "还差一步：reshape 成 (B, T, H, D) 之后，交换 T 和 H 两维，得到 (B, H, T, D)。"),
+    "exercise.split_reshape_only": ("Reshaping straight to (B, H, T, D) mixes different tokens' features into one head: reshape to (B, T, H, D) first, then transpose(0, 2, 1, 3).",
+                                     "直接 reshape 成 (B, H, T, D) 会把不同词元的特征混进同一个头：先 reshape 成 (B, T, H, D)，再 transpose(0, 2, 1, 3)。"),
+    "exercise.split_interleaved": ("Each head takes D adjacent columns: reshape to (B, T, H, D), not (B, T, D, H).",
+                                    "每个头取的是相邻的 D 列：reshape 成 (B, T, H, D)，不是 (B, T, D, H)。"),
+    "exercise.merge_reshape_only": ("Reshaping directly mixes tokens: transpose(0, 2, 1, 3) back to (B, T, H, D) first, then reshape to (B, T, H*D).",
+                                     "直接 reshape 会把不同词元混在一起：先 transpose(0, 2, 1, 3) 回到 (B, T, H, D)，再 reshape 成 (B, T, H*D)。"),
+    "exercise.mha_scale_width": ("You scaled by √E: each head's d_k is E / H, divide by √(E / H).",
+                                  "缩放用的是 √E：每个头的 d_k = E / H，应除以 √(E / H)。"),
+    "exercise.mha_no_wo": ("The output projection is missing: multiply the concatenated heads by Wo.",
+                            "忘了输出投影：多个头拼接之后还要乘以 Wo。"),
+    "exercise.mha_no_split": ("The heads are not split: this is one attention of width E. Split Q, K and V into H heads of (T, E/H), attend in each, then concatenate.",
+                               "没有拆成多个头：这是一个 E 维的单头注意力。先把 Q、K、V 拆成 H 个 (T, E/H) 的头，各自做注意力，再拼接。"),
+    "exercise.mha_bad_split": ("The head split is wrong: head h is columns h*D to (h+1)*D of Q (reshape to (T, H, D), then transpose).",
+                                "拆头的 reshape 有误：第 h 个头是 Q 的第 h*D 到 (h+1)*D 列（reshape 成 (T, H, D) 再转置）。"),
+    "exercise.pe_swapped": ("sin and cos are swapped: even columns (0, 2, ...) are sin, odd ones cos; row 0 should be [0, 1, 0, 1, ...].",
+                             "sin 和 cos 放反了：偶数列（0, 2, ...）是 sin，奇数列是 cos；第 0 行应是 [0, 1, 0, 1, ...]。"),
+    "exercise.pe_halves": ("sin in the first half and cos in the second is another layout; seed 001 interleaves them: pe[:, 0::2] = sin, pe[:, 1::2] = cos.",
+                            "前一半 sin、后一半 cos 是另一种排法；原文 001 是交错的：pe[:, 0::2] = sin，pe[:, 1::2] = cos。"),
+    "exercise.pe_column_exponent": ("An odd column shares the frequency of the even column before it: the exponent is 2i / d_model with i the pair index (column // 2), not the column.",
+                                     "奇数列要和它前面的偶数列同一个频率：指数是 2i / d_model，i 是第几对（列号整除 2），不是列号本身。"),
+    "exercise.pe_pair_exponent": ("The frequency's exponent is 2i / d_model (i the pair index); you used i / d_model.",
+                                   "频率的指数应是 2i / d_model（i 是第几对），你用的是 i / d_model。"),
+    "exercise.pe_from_one": ("Positions start at 0: row 0 should be [0, 1, 0, 1, ...] (sin 0 = 0, cos 0 = 1).",
+                              "位置从 0 开始：第 0 行应是 [0, 1, 0, 1, ...]（sin 0 = 0，cos 0 = 1）。"),
+    "exercise.ln_unbiased": ("Layer normalisation uses the biased variance (divide by E, np.var's default ddof=0), not n - 1.",
+                              "层规范化用有偏方差（除以 E，np.var 的默认 ddof=0），不是无偏的 n - 1。"),
+    "exercise.ln_axis": ("Layer normalisation works over each token's features: along the last axis (axis=-1, keepdims=True), not across tokens.",
+                          "层规范化是在每个词元的特征上做的：沿最后一维（axis=-1, keepdims=True），不是沿词元。"),
+    "exercise.ln_eps_outside": ("ε goes inside the square root: (x - mean) / np.sqrt(var + eps), not / (std + eps).",
+                                 "ε 要加在方差上：(x - mean) / np.sqrt(var + eps)，不是 / (std + eps)。"),
+    "exercise.ln_no_eps": ("A row whose features are all equal has variance 0: without ε it divides by 0. Write np.sqrt(var + eps), eps = 1e-5.",
+                            "所有特征都相同的行方差为 0：没有 ε 就会除以 0。写 np.sqrt(var + eps)，eps = 1e-5。"),
+    "exercise.block_no_residual": ("The residual connection is missing: add the input x back (x + attention(...)).",
+                                    "忘了残差连接：要把输入 x 加回来（x + attention(...)）。"),
+    "exercise.block_swapped": ("Post-LN and pre-LN are swapped: post is layer_norm(x + attention(x)), pre is x + attention(layer_norm(x)).",
+                                "Post-LN 和 Pre-LN 放反了：post 是 layer_norm(x + attention(x))，pre 是 x + attention(layer_norm(x))。"),
+    "exercise.block_pre_extra_norm": ("Pre-LN does not normalise its output: x + attention(layer_norm(x)) is the result.",
+                                       "Pre-LN 的输出不再做层规范化：x + attention(layer_norm(x)) 就是结果。"),
+    "exercise.online_no_correction": ("After a new maximum, the l and acc summed so far were not rescaled: multiply them by np.exp(m_old - m_new), then add this tile.",
+                                       "换了新的最大值以后，之前累加的 l 和 acc 没有重新缩放：先乘以 np.exp(m_old - m_new)，再加上这一块。"),
+    "exercise.online_no_divide": ("One last step: the output is acc / l.",
+                                   "最后还要除以 l：输出是 acc / l。"),
+    "exercise.online_last_tile": ("The last tile counts even with fewer than block keys: use range(0, S, block) and slices K[start:start + block].",
+                                   "最后一块不满 block 个键时也要算：用 range(0, S, block)，切片 K[start:start + block]。"),
+    "exercise.sb_no_subtract": ("A term is missing: dx = y ⊙ (dy − Σ_j dy_j y_j), subtract np.sum(dy * y, axis=-1, keepdims=True) in each row.",
+                                 "还差一项：dx = y ⊙ (dy − Σ_j dy_j y_j)，每行减去 np.sum(dy * y, axis=-1, keepdims=True)。"),
+    "exercise.sb_diagonal": ("You used only the Jacobian's diagonal y(1 − y): each softmax output depends on the whole row, the off-diagonal terms −y_i y_j count too.",
+                              "只用了雅可比矩阵的对角线 y(1 − y)：softmax 的每个输出依赖整行输入，还有 −y_i y_j 的非对角项。"),
+    "exercise.sb_axis": ("The sum runs the wrong way: Σ_j dy_j y_j is over each row (axis=-1, keepdims=True).",
+                          "求和的方向不对：Σ_j dy_j y_j 是沿每一行（axis=-1, keepdims=True）求和。"),
+    # ---- attnlab.exercises: the input cases, named for the learner
+    "exercise.case.seed": ("seed 000's X", "原文 000 的 X"),
+    "exercise.case.random": ("random inputs", "随机输入"),
+    "exercise.case.square": ("square inputs (T = S = D)", "方阵输入（T = S = D）"),
+    "exercise.case.rect": ("random inputs with T ≠ S ≠ D", "T ≠ S ≠ D 的随机输入"),
+    "exercise.case.one_token": ("a single token", "只有 1 个词元"),
+    "exercise.case.wide": ("random inputs with d_k = 16", "d_k = 16 的随机输入"),
+    "exercise.case.large": ("large logits (about 1000)", "很大的 logits（约 1000）"),
+    "exercise.case.neg_inf": ("scores holding -inf (masked)", "含 -inf（已被掩蔽）的分数"),
+    "exercise.case.far_rows": ("two rows far apart in value", "数值相差很远的两行"),
+    "exercise.case.partial": ("a random mask, partly blocked", "部分被掩蔽的随机掩码"),
+    "exercise.case.causal": ("a causal mask", "因果掩码"),
+    "exercise.case.full_row": ("a row with everything masked", "有一整行全被掩蔽"),
+    "exercise.case.zero_length": ("a sequence of valid length 0", "有效长度为 0 的序列"),
+    "exercise.case.one_head": ("a single head", "只有 1 个头"),
+    "exercise.case.three_heads": ("three heads", "3 个头"),
+    "exercise.case.small_var": ("inputs of tiny variance", "方差很小的输入"),
+    "exercise.case.constant_row": ("a row whose features are all equal", "所有特征相同的一行"),
+    "exercise.case.ragged": ("a last tile with fewer keys", "最后一块不满的键"),
+    "exercise.case.one_block": ("block = 1", "每块 1 个键（block = 1）"),
+    "exercise.case.post": ("norm=\"post\"", "层规范化在残差之后（norm=\"post\"）"),
+    "exercise.case.pre": ("norm=\"pre\"", "层规范化在注意力之前（norm=\"pre\"）"),
+}
+
+
+@dataclass(frozen=True)
+class Message:
+    """A key of :data:`MESSAGES` and its parameters; ``str()`` is the English."""
+
+    key: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def render(self, lang: str = "en") -> str:
+        """The message in ``lang`` ("en" or "zh"); nested messages in the same language."""
+        templates = MESSAGES.get(self.key)
+        if templates is None:
+            raise KeyError(f"no message with the key {self.key!r} in attnlab.messages.MESSAGES")
+        template = templates[1] if lang == "zh" else templates[0]
+        values = {name: value.render(lang) if isinstance(value, Message) else value
+                  for name, value in self.params.items()}
+        return template.format(**values)
+
+    def __str__(self) -> str:
+        return self.render("en")
+
+
+def msg(key: str, **params: Any) -> Message:
+    """``Message(key, params)``; the key must be in :data:`MESSAGES`."""
+    if key not in MESSAGES:
+        raise KeyError(f"no message with the key {key!r} in attnlab.messages.MESSAGES")
+    return Message(key, params)
+
+
+def render(key: str, lang: str = "en", **params: Any) -> str:
+    """``msg(key, **params).render(lang)``."""
+    return msg(key, **params).render(lang)
+
+
+def render_error(exc: BaseException, lang: str = "en") -> str:
+    """An exception's text in ``lang``: its keyed message where it carries one
+    (``exc.message``), else ``str(exc)`` (an error no key was written for yet)."""
+    message = getattr(exc, "message", None)
+    if isinstance(message, Message):
+        return " ".join(message.render(lang).split("\n"))
+    return str(exc)

@@ -1,0 +1,68 @@
+"""The keyed message catalog: every key has both languages with the same fields, every
+key the source names exists, and a message renders in the language asked for."""
+
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+
+import pytest
+
+import attnlab
+from attnlab.errors import AttnlabError, check_finite, missing_extra
+from attnlab.messages import LANGS, MESSAGES, Message, msg, render, render_error
+
+SOURCE = Path(attnlab.__file__).parent
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def _fields(template: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+
+
+@pytest.mark.parametrize("key", sorted(MESSAGES))
+def test_every_key_has_both_languages_with_the_same_fields(key):
+    templates = MESSAGES[key]
+    assert len(templates) == len(LANGS) == 2
+    english, chinese = templates
+    assert english.strip() and chinese.strip()
+    assert not _CJK.search(english), english
+    assert _fields(english) == _fields(chinese), key
+    # A Chinese sentence wherever the English has words of its own (not only fields).
+    if re.search(r"[A-Za-z]{3,}", re.sub(r"\{\w*\}", "", english)):
+        assert _CJK.search(chinese), chinese
+
+
+def test_every_key_named_in_the_source_exists():
+    used = set()
+    for path in SOURCE.rglob("*.py"):
+        used |= set(re.findall(r'\bmsg\(\s*"([\w.]+)"', path.read_text(encoding="utf-8")))
+    missing = sorted(k for k in used if k not in MESSAGES)
+    assert used and not missing, missing
+
+
+def test_a_message_renders_in_each_language_with_nested_phrases():
+    m = msg("check.expected_got", name="rng", what=msg("phrase.seed"), got=-1)
+    assert m.render("en") == "rng: expected an int seed >= 0, got -1"
+    assert m.render("zh") == "rng：需要≥ 0 的整数种子，实际得到 -1"
+    assert str(m) == m.render("en")
+    assert render("phrase.error", "zh", text="x") == "错误：x"
+    with pytest.raises(KeyError, match="no message"):
+        msg("no.such.key")
+
+
+def test_errors_carry_their_message():
+    import numpy as np
+
+    with pytest.raises(AttnlabError) as info:
+        check_finite(np.array([1.0, np.nan]), "q")
+    assert str(info.value) == ("q: expected finite values, got 1 non-finite "
+                               "(first: NaN at index (1,))")
+    assert isinstance(info.value.message, Message)
+    assert render_error(info.value, "zh") == ("q：需要有限值，实际有 1 个非有限值"
+                                              "（第一个：位置 (1,) 上的 NaN）")
+    plain = AttnlabError("a plain message")
+    assert plain.message is None and render_error(plain, "zh") == "a plain message"
+    extra = missing_extra("torch", "torch", "attnlab.torch ")
+    assert "pip install 'attnlab[torch]'" in render_error(extra, "zh")

@@ -1,0 +1,126 @@
+"""attnlab.lens.hf_runs: what it reads from a Hugging Face model is what the model computes.
+
+References, independent of the reader: transformers' own eager ``output_attentions``
+(a second copy of the model), ``generate`` under the model's default (sdpa) attention,
+and value norms computed by hand from ``v_proj`` / ``c_attn`` and ``o_proj`` / ``c_proj``
+weights. Small random Llama (grouped heads, RoPE) and GPT-2 folders with MiniLM's
+tokenizer (tests/support/hf_folders.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from tests.support.hf_folders import gpt2_folder, llama_folder
+
+from attnlab.errors import AttnlabError
+from attnlab.lens.hf_runs import load_hf, run_hf
+
+TEXT = "The cat sat on the mat because it was warm."
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf")
+    return {"llama": llama_folder(root / "llama"), "gpt2": gpt2_folder(root / "gpt2")}
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_weights_are_eagers_output_attentions_and_q_k_give_them(folders, kind) -> None:
+    hf = load_hf(str(folders[kind]))
+    run = run_hf(hf, TEXT)
+    eager = transformers.AutoModelForCausalLM.from_pretrained(
+        folders[kind], attn_implementation="eager").eval()
+    ids = torch.tensor([run.ids.tolist()])
+    with torch.no_grad():
+        reference = eager(input_ids=ids, output_attentions=True)
+    expected = np.stack([a[0].double().numpy() for a in reference.attentions])
+    # The same eager function on the same float32 inputs: equal to the last bit.
+    np.testing.assert_array_equal(run.weights, expected)
+    np.testing.assert_array_equal(run.logits, reference.logits[0].double().numpy())
+    L, H, T, _ = run.weights.shape
+    assert run.is_causal and run.prompt_length == T
+    # scores = q · kᵀ · scale with −inf above the diagonal, softmax: the recorded q and k
+    # are the ones the weights came from (float32 model, float64 recomputation: 1e-6).
+    groups = H // run.k.shape[1]
+    scores = np.einsum("lhtd,lhsd->lhts", run.q, np.repeat(run.k, groups, axis=1))
+    scores = scores * run.scales[:, None, None, None]
+    scores = np.where(np.tril(np.ones((T, T), dtype=bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(weights / weights.sum(-1, keepdims=True), run.weights, atol=1e-6)
+
+
+def test_value_norms_equal_a_hand_computation_llama(folders) -> None:
+    hf = load_hf(str(folders["llama"]))
+    run = run_hf(hf, TEXT)
+    model, layer = hf.model, 1
+    seen = {}
+    attention = model.model.layers[layer].self_attn
+    handle = attention.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.update(x=kwargs["hidden_states"]), with_kwargs=True)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([run.ids.tolist()]))
+        handle.remove()
+        D = attention.head_dim
+        v = attention.v_proj(seen["x"])[0].view(-1, 2, D)  # (T, Hkv, D): no RoPE on values
+        for h in range(4):
+            w_o = attention.o_proj.weight[:, h * D:(h + 1) * D]  # (E, D)
+            hand = (v[:, h // 2] @ w_o.T).norm(dim=-1).double().numpy()  # (T,)
+            np.testing.assert_allclose(run.value_norms[layer, h], hand, rtol=1e-5)
+
+
+def test_value_norms_equal_a_hand_computation_gpt2(folders) -> None:
+    hf = load_hf(str(folders["gpt2"]))
+    run = run_hf(hf, TEXT)
+    block = hf.model.transformer.h[0]
+    with torch.no_grad():
+        x = hf.model.transformer.wte(torch.tensor(run.ids)) + hf.model.transformer.wpe(
+            torch.arange(len(run.ids)))
+        _, _, v = block.attn.c_attn(block.ln_1(x)).split(32, dim=-1)  # (T, E) each
+        D = 8
+        for h in range(4):
+            w_o = block.attn.c_proj.weight[h * D:(h + 1) * D]  # Conv1D: x @ W, (D, E)
+            hand = (v[:, h * D:(h + 1) * D] @ w_o).norm(dim=-1).double().numpy()
+            np.testing.assert_allclose(run.value_norms[0, h], hand, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_generated_tokens_are_generates_under_the_default_attention(folders, kind) -> None:
+    hf = load_hf(str(folders[kind]))
+    run = run_hf(hf, TEXT, generate=6)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folders[kind]).eval()
+    assert model.config._attn_implementation == "sdpa"
+    prompt = hf.tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6,
+                             do_sample=False, pad_token_id=0)
+    assert run.ids.tolist() == out[0].tolist()
+    assert run.prompt_length == prompt.shape[1] and len(run.generated) == 6
+    assert run.weights.shape[2] == prompt.shape[1] + 6
+    assert hf.model.config._attn_implementation == "eager"  # the reader put it back
+
+
+def test_pairs_carry_their_sentences(folders) -> None:
+    run = run_hf(load_hf(str(folders["llama"])), "The cat sat.", pair="It was warm.")
+    split = run.tokens.index("[SEP]") + 1  # [CLS] A [SEP] | B [SEP]
+    assert run.segments == [0] * split + [1] * (len(run.tokens) - split)
+
+
+def test_bad_requests_are_one_clear_error(folders, tmp_path) -> None:
+    from attnlab.models.loading import minilm_path
+
+    encoder = load_hf(str(minilm_path()))
+    assert not encoder.is_decoder
+    with pytest.raises(AttnlabError, match="generate: .* is an encoder"):
+        run_hf(encoder, TEXT, generate=2)
+    with pytest.raises(AttnlabError, match=r"model: cannot load 'someone/no-such-model' from "
+                       r"the Hugging Face hub \(offline or unknown"):
+        load_hf("someone/no-such-model")
+    with pytest.raises(AttnlabError, match="model: expected a Hugging Face folder"):
+        load_hf(str(tmp_path / "missing"))
+    with pytest.raises(AttnlabError, match="text: expected some text"):
+        run_hf(encoder, "  ")
