@@ -68,6 +68,7 @@ HELP_ZH: dict[tuple[str, str], str] = {
     # inspect
     ("inspect", "description"): "用 attnlab 自己的注意力在 TEXT 上运行预训练 BERT（默认是随包提供的 all-MiniLM-L6-v2）；写出热力图、可交互的 HTML 查看器和诊断（熵、稀疏度、[CLS]/[SEP] 汇聚、位置头、头之间的差异）。",
     ("inspect", "text"): "要运行的文本（默认是 Google 2017 年 Transformer 博客和《The Illustrated Transformer》里的例句 “The animal didn't cross the street because it was too tired.”，--lang zh 时是 “天上有月，水中也有月。”）",
+    ("inspect", "--pair"): "第二段文本：把 TEXT 和 OTHER 作为句子对运行（[CLS] TEXT [SEP] OTHER [SEP]，词元类型先 0 后 1），与 BERT 读取句子对的方式相同",
     ("inspect", "--layer"): "只看这些层（从 1 开始编号）",
     ("inspect", "--head"): "只看这些头（从 1 开始编号）",
     ("inspect", "--model"): "一个 BERT 文件夹（config.json、model.safetensors、tokenizer.json），代替随包提供的 MiniLM",

@@ -48,6 +48,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("text", nargs="?", default=None,
                    help=f'the text to run (default "{DEFAULT_TEXTS["en"]}", or with --lang zh '
                    f'"{DEFAULT_TEXTS["zh"]}")')
+    p.add_argument("--pair", metavar="OTHER",
+                   help="a second text: run TEXT and OTHER as a sentence pair ([CLS] TEXT [SEP] "
+                   "OTHER [SEP], token types 0 then 1), as BERT reads pairs")
     p.add_argument("--layer", type=int, nargs="+", metavar="L",
                    help="only these layers (numbered from 1)")
     p.add_argument("--head", type=int, nargs="+", metavar="H",
@@ -120,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads
     layers = _select(args.layer, L, "--layer")
     heads = _select(args.head, H, "--head")
-    trace = model.run(text, keep=("weights",), layers=layers, heads=heads)
+    pair = None if args.pair is None else text_argument(args.pair, "--pair")
+    if pair is not None and not pair.strip():
+        raise CliError(msg("cli.text_empty", flag="--pair"))
+    trace = model.run(text, text_pair=pair, keep=("weights",), layers=layers, heads=heads)
     weights = trace.attention()  # (len(layers), len(heads), T, T)
     tokens = trace.tokens
 
