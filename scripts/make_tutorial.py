@@ -509,6 +509,19 @@ lesson(
          "    print(f\"keys {start}-{start + 1}: m = {m:.3f}, l = {l:.3f}, acc = {np.round(acc, 3)}\")\n"
          "print(\"acc / l =\", acc / l)\n"
          "print(\"full computation =\", attnlab.scaled_dot_product_attention(q[None], K, V)[0])"),
+    md("## 动手写：在线 softmax\n\n把上面的循环写成函数：q (D,)、K (S, D)、V (S, Dv)，每次读 block 个键，返回 (Dv,)。"
+       "最后一块可能不满 block 个键。",
+       "## Your turn: the online softmax\n\nTurn the loop above into a function: q (D,), K (S, D), "
+       "V (S, Dv), block keys at a time, returning (Dv,). The last tile may hold fewer keys."),
+    write("online_attention", "online_attention(q, K, V, block)", "m、l、acc 三个运行量", "the running m, l and acc",
+          "    m, l, acc = -np.inf, 0.0, np.zeros(V.shape[1])\n"
+          "    for start in range(0, len(K), block):\n"
+          "        s = K[start:start + block] @ q / np.sqrt(len(q))   # 这一块的分数\n"
+          "        m_new = max(m, s.max())\n"
+          "        correction = np.exp(m - m_new)                    # 旧的 l、acc 按新的最大值重新缩放\n"
+          "        p = np.exp(s - m_new)\n"
+          "        l, acc, m = l * correction + p.sum(), acc * correction + p @ V[start:start + block], m_new\n"
+          "    return acc / l"),
     code("report.draw(\"flash\", lang=LANG)"),
     md("KV 缓存：解码时每一步只算新词元的 q、k、v，之前的 K、V 存起来复用。",
        "The KV cache: while decoding, each step computes only the new token's q, k, v and "
@@ -548,6 +561,13 @@ lesson(
        "position before concluding.\n\nGradient norms: the gradient of `bk` (the key bias) "
        "is **exactly 0**, not vanishing: bk adds the same constant q·bk to every score of a "
        "row, and the softmax ignores a per-row constant."),
+    md("## 动手写：softmax 的梯度\n\ny = softmax(x)，dy = ∂L/∂y，求 dx = ∂L/∂x = y ⊙ (dy − Σ_j dy_j y_j)（每一行求和）。"
+       "写完看一看：dx 的每一行之和是多少？这就是 bk 的梯度为 0 的原因。",
+       "## Your turn: softmax's gradient\n\ny = softmax(x), dy = ∂L/∂y; compute dx = ∂L/∂x = "
+       "y ⊙ (dy − Σ_j dy_j y_j) (summed per row). Then look: what does each row of dx sum to? "
+       "That is why bk's gradient is 0."),
+    write("softmax_backward", "softmax_backward(y, dy)", "返回 dx，形状同 y", "return dx, shaped like y",
+          "    return y * (dy - np.sum(dy * y, axis=-1, keepdims=True))   # 每行之和为 0"),
     code("mha = attnlab.MultiHeadAttention.init(2, 8, seed=0)\n"
          "x = np.random.default_rng(0).standard_normal((5, 8))\n"
          "grads = attnlab.grad_diagnostics.grad_norms(mha, x, dout=np.ones((5, 8)))\n"
@@ -618,6 +638,113 @@ lesson(
        "mean \"important\"? (Jain & Wallace 2019; Wiegreffe & Pinter 2019; ablation in `attnlab lens`.)"),
 )
 
+
+# ----------------------------------------------------------------- a trained model
+lesson(
+    "12_trained_model",
+    md("# 第 12 课：从随机权重到训练好的模型\n\n"
+       "前面各课的权重都是随机的。这一课用一个训练好的模型 all-MiniLM-L6-v2（6 层、每层 12 个头、d_k = 32，"
+       "随 attnlab 一起离线安装）：同样的 Q Kᵀ / √d_k、softmax、加权求和，只是权重学过了。"
+       "它是英文模型：词表里没有“去”“了”“校”，“小明去了学校”会出现 [UNK]，所以这一课用英文句子。",
+       "# Lesson 12: from random weights to a trained model\n\n"
+       "Every weight so far was random. This lesson uses a trained model, all-MiniLM-L6-v2 "
+       "(6 layers of 12 heads, d_k = 32, installed offline with attnlab): the same Q Kᵀ / √d_k, "
+       "softmax and weighted sum, with learned weights. It is an English model: its vocabulary "
+       "lacks 去, 了 and 校, so 小明去了学校 gets [UNK]; this lesson uses English sentences."),
+    code("from attnlab.models import load_minilm\n"
+         "model = load_minilm()\n"
+         "print(model.tokenize([\"小明去了学校\"])[2][0])   # 去、了、校 都成了 [UNK]\n"
+         "TEXT = \"The animal didn't cross the street because it was too tired.\"\n"
+         "trace = model.run(TEXT, keep=(\"Q\", \"K\", \"V\", \"weights\"), layers=[3, 5])\n"
+         "tokens = trace.tokens\n"
+         "it, animal, street = (tokens.index(t) for t in (\"it\", \"animal\", \"street\"))\n"
+         "Q, K = trace.get(\"Q\", layer=3, head=1).values, trace.get(\"K\", layer=3, head=1).values   # 第 4 层第 2 个头\n"
+         "print(Q.shape, K.shape)                                 # (T, d_k) = (16, 32)\n"
+         "print(\"q_it · k_animal / √d_k =\", round(float(Q[it] @ K[animal] / np.sqrt(32)), 3))",
+         "from attnlab.models import load_minilm\n"
+         "model = load_minilm()\n"
+         "print(model.tokenize([\"小明去了学校\"])[2][0])   # 去, 了 and 校 became [UNK]\n"
+         "TEXT = \"The animal didn't cross the street because it was too tired.\"\n"
+         "trace = model.run(TEXT, keep=(\"Q\", \"K\", \"V\", \"weights\"), layers=[3, 5])\n"
+         "tokens = trace.tokens\n"
+         "it, animal, street = (tokens.index(t) for t in (\"it\", \"animal\", \"street\"))\n"
+         "Q, K = trace.get(\"Q\", layer=3, head=1).values, trace.get(\"K\", layer=3, head=1).values   # layer 4, head 2\n"
+         "print(Q.shape, K.shape)                                 # (T, d_k) = (16, 32)\n"
+         "print(\"q_it · k_animal / √d_k =\", round(float(Q[it] @ K[animal] / np.sqrt(32)), 3))"),
+    md("## 动手写：用你自己的缩放分数算一个真实的头\n\n和第 2 课一样写 `scaled_scores`，下一格用它和 softmax 算出这个头的权重，与模型自己的权重比较。",
+       "## Your turn: a real head with your own scaled scores\n\nWrite `scaled_scores` as in "
+       "lesson 2; the cell after next uses it with softmax to compute this head's weights and "
+       "compares them with the model's own."),
+    write("scaled_scores", "scaled_scores(Q, K)", "Q Kᵀ / √d_k", "Q Kᵀ / √d_k",
+          "    return Q @ K.T / np.sqrt(K.shape[-1])"),
+    code("model_weights = trace.get(\"weights\", layer=3, head=1).values   # (T, T)\n"
+         "try:\n"
+         "    mine = attnlab.softmax(scaled_scores(Q, K))\n"
+         "    print(\"与模型的最大差别:\", float(np.abs(mine - model_weights).max()))\n"
+         "except NotImplementedError:\n"
+         "    print(\"先写好上面的 scaled_scores\")\n"
+         "print(\"it → animal:\", round(float(model_weights[it, animal]), 2))",
+         "model_weights = trace.get(\"weights\", layer=3, head=1).values   # (T, T)\n"
+         "try:\n"
+         "    mine = attnlab.softmax(scaled_scores(Q, K))\n"
+         "    print(\"largest difference from the model:\", float(np.abs(mine - model_weights).max()))\n"
+         "except NotImplementedError:\n"
+         "    print(\"write scaled_scores above first\")\n"
+         "print(\"it → animal:\", round(float(model_weights[it, animal]), 2))"),
+    md("## 对照句：这个头真的懂“it 指什么”吗？\n\n把 tired 换成 wide：“too wide” 时 it 指的是 street。"
+       "如果这个头在做指代消解，it 的权重应该转到 street 上。",
+       "## A contrast pair: does this head know what \"it\" means?\n\nSwap tired for wide: with "
+       "\"too wide\", it is the street. A head resolving coreference would move it's weight to street."),
+    code("for text in (TEXT, TEXT.replace(\"tired\", \"wide\")):\n"
+         "    w = model.run(text, keep=(\"weights\",)).attention()   # (L, H, T, T)，全部 6 层\n"
+         "    for layer, head in ((3, 1), (5, 11)):\n"
+         "        print(text.split()[-1], f\"第 {layer + 1} 层第 {head + 1} 个头:\",\n"
+         "              \"animal\", round(float(w[layer, head, it, animal]), 2),\n"
+         "              \"street\", round(float(w[layer, head, it, street]), 2))",
+         "for text in (TEXT, TEXT.replace(\"tired\", \"wide\")):\n"
+         "    w = model.run(text, keep=(\"weights\",)).attention()   # (L, H, T, T), all 6 layers\n"
+         "    for layer, head in ((3, 1), (5, 11)):\n"
+         "        print(text.split()[-1], f\"layer {layer + 1} head {head + 1}:\",\n"
+         "              \"animal\", round(float(w[layer, head, it, animal]), 2),\n"
+         "              \"street\", round(float(w[layer, head, it, street]), 2))"),
+    md("**看什么**：“too wide” 时两个头仍然更关注 animal——它们连的是句子的主语名词，不是 it 的所指，所以不该叫“指代头”。\n\n"
+       "## 注意力停靠点（attention sink）\n\nsoftmax 让每行之和为 1：一个头即使没有什么可读的，也得把权重放在某处。"
+       "训练好的模型常把它放在 [CLS]、[SEP] 上（StreamingLLM 称之为 attention sink；注意 d2l 的“注意力汇聚”指加权求和，是另一回事）。",
+       "**What to look at**: with \"too wide\" both heads still prefer animal: they link the "
+       "subject noun, not what \"it\" refers to, so they are no coreference heads.\n\n"
+       "## Attention sinks\n\nThe softmax makes every row sum to 1: a head with nothing to read "
+       "must still put its weight somewhere. Trained models often park it on [CLS] and [SEP] "
+       "(StreamingLLM calls them attention sinks)."),
+    code("w = model.run(TEXT, keep=(\"weights\",)).attention()          # (6, 12, T, T)\n"
+         "special = [0, len(tokens) - 1]                               # [CLS]、[SEP]\n"
+         "share = w[..., special].sum(-1).mean(-1)                      # (6, 12)：每个头停靠在特殊词元上的平均权重\n"
+         "print(np.round(share.mean(-1), 2))                            # 每一层的平均",
+         "w = model.run(TEXT, keep=(\"weights\",)).attention()          # (6, 12, T, T)\n"
+         "special = [0, len(tokens) - 1]                               # [CLS], [SEP]\n"
+         "share = w[..., special].sum(-1).mean(-1)                      # (6, 12): each head's mean weight parked there\n"
+         "print(np.round(share.mean(-1), 2))                            # the mean of each layer"),
+    md("## 注意力不等于解释\n\n权重大不代表影响大：一个键的值向量很小，权重再大也传不出多少东西"
+       "（Jain & Wallace 2019；Wiegreffe & Pinter 2019；Kobayashi 等 2020 用 ‖α v‖ 衡量）。下面比较 it 这一行的权重和 α‖v‖；"
+       "要看模型真正依赖什么，用消融：`attnlab lens`。",
+       "## Attention is not explanation\n\nA large weight is not a large effect: a key whose "
+       "value vector is small passes little however large its weight (Jain & Wallace 2019; "
+       "Wiegreffe & Pinter 2019; Kobayashi et al. 2020 measure ‖α v‖). Below, it's row of "
+       "weights beside α‖v‖; to see what the model relies on, ablate: `attnlab lens`."),
+    code("V = trace.get(\"V\", layer=3, head=1).values                       # (T, d_v)\n"
+         "alpha = model_weights[it]\n"
+         "effect = alpha * np.linalg.norm(V, axis=-1)\n"
+         "for name, row in ((\"α\", alpha), (\"α‖v‖\", effect / effect.sum())):\n"
+         "    top = np.argsort(row)[::-1][:3]\n"
+         "    print(name, [(tokens[j], round(float(row[j]), 2)) for j in top])"),
+    md("## 练习\n\n1. 用 `attnlab inspect --find \"it->animal\"` 在终端里找出把 it 连到 animal 的头，再换一句话试试。\n"
+       "2. 哪一层停靠在 [CLS]/[SEP] 上的权重最多？把这些头的输出置零（`attnlab lens` 的消融），句向量变了多少？\n"
+       "3. 找一句中文，模型词表里每个字都有（例如“天上有月，水中也有月。”），看第二个“月”关注谁。",
+       "## Exercises\n\n1. In a terminal, find the heads linking it to animal with `attnlab "
+       "inspect --find \"it->animal\"`, then try another sentence.\n2. Which layer parks most "
+       "weight on [CLS]/[SEP]? Ablate those heads (`attnlab lens`): how much does the "
+       "sentence vector change?\n3. Take a Chinese sentence whose every character the model "
+       "knows (e.g. 天上有月，水中也有月。) and see what the second 月 attends to."),
+)
 
 def check_cell(name: str, *, solution: bool) -> str:
     if solution:  # the solution notebook proves its answer passes

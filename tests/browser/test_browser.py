@@ -557,3 +557,76 @@ def test_in_a_notebook_the_frame_fits_its_content(open_page: Callable) -> None:
     inner = frame.locator("#attnlab-view").evaluate("r => r.getBoundingClientRect().height")
     assert abs(outer - (inner + 4)) <= 2  # the whole view shows, no inner scrollbar
     assert viewer.errors == []
+
+
+# ------------------------------------------------------------ attnlab inspect --model
+
+HOSTILE_TOKENS = ["</script><img src=x onerror=\"window.__pwned = 4\">", "$x$"]
+
+
+def test_inspect_model_page_of_a_decoder_in_the_browser(open_page: Callable,
+                                                        tmp_path: Path) -> None:
+    """A random Llama whose vocabulary holds hostile tokens whole: the page of
+    ``inspect --model --generate`` opens offline, shows them as text, slides over the
+    generation, overlays heads, and its neuron view's scores give eager's weights."""
+    import json
+    import re
+
+    import torch
+    import transformers
+    from tests.support.hf_folders import llama_folder
+
+    from attnlab.cli.app import main
+
+    folder = llama_folder(tmp_path / "llama", extra_tokens=HOSTILE_TOKENS)
+    text = f"the cat {HOSTILE_TOKENS[0]} sat {HOSTILE_TOKENS[1]} on the mat"
+    assert main(["inspect", "--model", str(folder), text, "--generate", "3",
+                 "--out", str(tmp_path / "out")]) == 0
+    html = (tmp_path / "out" / "view.html").read_text(encoding="utf-8")
+    payload = json.loads(re.search(r'id="attnlab-data">(.*?)</script>', html, re.S).group(1))
+    tokens, P = payload["tokens"], payload["prompt_length"]
+    assert HOSTILE_TOKENS[0] in tokens and HOSTILE_TOKENS[1] in tokens  # whole tokens
+    T = len(tokens)
+    viewer = open_page(html)
+    page = viewer.page
+    page.wait_for_selector("#attnlab-view[data-ready='1']")
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert page.locator("img").count() == 0
+    assert HOSTILE_TOKENS[0] in page.locator(".token.query").all_text_contents()
+    assert viewer.requests == [viewer.url]
+
+    page.fill("#step-slider", "0")  # the prompt alone: no generated key yet
+    page.dispatch_event("#step-slider", "input")
+    page.hover(".token.key[data-index='0']")
+    rows = page.eval_on_selector_all("#lines line.focus", "ls => ls.map(l => +l.dataset.q)")
+    assert rows == list(range(P))
+
+    page.fill("#step-slider", "3")
+    page.dispatch_event("#step-slider", "input")
+    current = int(page.get_attribute("#attnlab-view", "data-head") or "0")
+    other = (current + 1) % 4
+    page.check(f"#overlay-heads input[data-head='{other}']")
+    page.hover(f".token.query[data-index='{T - 1}']")
+    heads = page.eval_on_selector_all("#lines line.focus", "ls => ls.map(l => +l.dataset.head)")
+    assert sorted(set(heads)) == sorted({current, other}) and len(heads) == 2 * T
+
+    eager = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, attn_implementation="eager").eval()
+    ids = torch.tensor([transformers.AutoTokenizer.from_pretrained(folder)
+                        .convert_tokens_to_ids(tokens)])
+    with torch.no_grad():
+        reference = eager(input_ids=ids, output_attentions=True).attentions
+    for layer, head, query in ((0, 0, T - 1), (1, 3, P - 1)):
+        logits = page.eval_on_selector(
+            "#attnlab-view", f"r => r.attnlab.rowLogits({layer}, {head}, {query})")
+        assert all(v is None for v in logits[query + 1:])  # causal: no later key
+        row = np.array(logits[: query + 1])
+        expected = reference[layer][0, head, query, : query + 1].double().numpy()
+        # q·k·scale from the page's float32 q and k, softmaxed here: eager's weights
+        # (float32 model: 1e-6).
+        np.testing.assert_allclose(np.exp(row - row.max()) / np.exp(row - row.max()).sum(),
+                                   expected, atol=1e-6)
+        # and the scores themselves: differences of logits are differences of log-weights
+        np.testing.assert_allclose(row - row[0], np.log(expected) - np.log(expected[0]),
+                                   atol=1e-4)
+    assert viewer.errors == []

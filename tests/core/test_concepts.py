@@ -76,3 +76,12 @@ def test_sparse_patterns_keep_what_their_masks_say_and_low_rank_rows_sum_to_one(
     # Linformer's effective weights are a softmax over pooled keys: rows sum to 1.
     np.testing.assert_allclose(data.approximations["linformer"].sum(axis=1), 1.0, atol=1e-12)
     assert np.linalg.matrix_rank(data.approximations["nystrom"], tol=1e-8) <= 3
+
+
+def test_a_negative_seed_is_refused_by_name():
+    # example_qkv and position_patterns passed seed=-1 to NumPy, whose refusal
+    # ("expected non-negative integer") names no argument.
+    for make in (example_qkv, position_patterns, sparse_patterns):
+        with pytest.raises(attnlab.AttnlabError, match=r"^seed: expected an integer >= 0, "
+                                                       r"got -1$"):
+            make(seed=-1)

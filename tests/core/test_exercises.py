@@ -1,4 +1,4 @@
-# ruff: noqa: E501  (a table of mistakes reads best one per line)
+# ruff: noqa: E501, E741  (a table of mistakes reads best one per line; l is the paper's name)
 """attnlab.exercises accepts right solutions and names each typical mistake, in both languages.
 
 Every solution here is written from the seeds' formulas (NumPy lines as a learner
@@ -100,6 +100,27 @@ def residual_block(x, attention, layer_norm, norm):
     return x + attention(layer_norm(x))
 
 
+def online_attention(q, K, V, block):
+    m, l, acc = -np.inf, 0.0, np.zeros(V.shape[1])  # FlashAttention's running max, sum, output
+    for start in range(0, len(K), block):
+        s = K[start:start + block] @ q / np.sqrt(len(q))
+        m_new = max(m, s.max())
+        p = np.exp(s - m_new)
+        l = l * np.exp(m - m_new) + p.sum()
+        acc = acc * np.exp(m - m_new) + p @ V[start:start + block]
+        m = m_new
+    return acc / l
+
+
+def softmax_backward(y, dy):
+    # Jacobian dy_i/dx_j = y_i (delta_ij - y_j), applied row by row, written out
+    out = np.zeros_like(y)
+    for t in range(y.shape[0]):
+        jacobian = np.diag(y[t]) - np.outer(y[t], y[t])
+        out[t] = jacobian.T @ dy[t]
+    return out
+
+
 RIGHT = {
     "qkv": qkv, "scores": scores, "scaled_scores": scaled_scores, "softmax": softmax,
     "attention": attention, "self_attention": self_attention, "causal_mask": causal_mask,
@@ -107,6 +128,7 @@ RIGHT = {
     "split_heads": split_heads, "merge_heads": merge_heads,
     "multi_head_attention": multi_head_attention, "sinusoidal_encoding": sinusoidal_encoding,
     "layer_norm": layer_norm, "residual_block": residual_block,
+    "online_attention": online_attention, "softmax_backward": softmax_backward,
 }
 
 
@@ -158,6 +180,19 @@ def _pe_column(max_len, d_model):
     cols = np.arange(d_model)
     angle = pos / 10000 ** (cols / d_model)
     return np.where(cols % 2 == 0, np.sin(angle), np.cos(angle))
+
+
+def _online(*, rescale=True, shift=True, divide=True, whole_tiles_only=False):
+    def wrong(q, K, V, block):
+        m, l, acc = -np.inf, 0.0, np.zeros(V.shape[1])
+        for start in range(0, len(K) - (block - 1 if whole_tiles_only else 0), block):
+            s = K[start:start + block] @ q / np.sqrt(len(q))
+            m_new = max(m, s.max()) if shift else 0.0
+            c = np.exp(m - m_new) if rescale and shift else 1.0
+            p = np.exp(s - m_new)
+            l, acc, m = l * c + p.sum(), acc * c + p @ V[start:start + block], m_new
+        return acc / l if divide else acc
+    return wrong
 
 
 #: (exercise, wrong solution, the mistake's key, a Chinese phrase, an English phrase)
@@ -252,6 +287,14 @@ MISTAKES = [
     ("residual_block", lambda x, a, ln, norm: residual_block(x, a, ln, "pre" if norm == "post"
                                                              else "post"), "block_swapped",
      "放反了", "swapped"),
+    ("online_attention", _online(rescale=False), "online_no_correction", "np.exp(m_old - m_new)",
+     "np.exp(m_old - m_new)"),
+    ("online_attention", _online(shift=False), "softmax_no_max", "溢出", "overflow"),
+    ("online_attention", _online(divide=False), "online_no_divide", "acc / l", "acc / l"),
+    ("online_attention", _online(whole_tiles_only=True), "online_last_tile", "最后一块", "last tile"),
+    ("softmax_backward", lambda y, dy: y * dy, "sb_no_subtract", "还差一项", "term is missing"),
+    ("softmax_backward", lambda y, dy: y * (1 - y) * dy, "sb_diagonal", "对角线", "diagonal"),
+    ("softmax_backward", lambda y, dy: y * (dy - (dy * y).sum(0)), "sb_axis", "每一行", "each row"),
     ("residual_block", lambda x, a, ln, norm: residual_block(x, a, ln, "post") if norm == "post"
      else ln(x + a(ln(x))), "block_pre_extra_norm", "不再做层规范化", "does not normalise"),
 ]
@@ -355,3 +398,10 @@ def test_the_result_displays_itself_in_a_notebook():
 def test_task_gives_the_signature_with_shapes():
     assert "(T, D), (S, D) -> (T, S)" in exercises.task("scores")
     assert "True = may attend" in exercises.task("causal_mask", "en")
+
+
+def test_the_hint_is_a_keyed_message_of_the_catalog():
+    zh = exercises.check("scaled_scores", scores)
+    en = exercises.check("scaled_scores", scores, lang="en")
+    assert zh.message.key == "exercise.no_scale"
+    assert zh.message.render("en") == en.hint and en.message.render("zh") == zh.hint

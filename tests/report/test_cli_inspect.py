@@ -60,7 +60,7 @@ def test_inspect_json_and_chinese(capsys, tmp_path):
     (["inspect", "--layer", "7"], "--layer: expected numbers in 1..6, got 7"),
     (["inspect", "--head", "0"], "--head: expected numbers in 1..12, got 0"),
     (["inspect", "   "], "text: expected some text"),
-    (["inspect", "--model", "/nonexistent/dir"], "path: expected a model directory"),
+    (["inspect", "--model", "/nonexistent/dir"], "--model: expected a Hugging Face folder"),
     (["inspect", "--max-length", "600"], "--max-length: expected an integer in 1..512"),
     (["inspect", "--max-length", "0"], "--max-length: expected a number of tokens >= 1, got 0"),
     (["inspect", "a cat", "--find", "dog->cat"], "--find: source: expected one of the text"),

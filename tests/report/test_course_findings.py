@@ -7,6 +7,7 @@ The expected strings are written out by hand: they are what the lesson teaches
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import attnlab
 from attnlab.report import step_title
@@ -128,3 +129,30 @@ def test_the_it_animal_heads_link_the_subject_noun_not_the_referent():
     for layer, head in ((5, 11), (3, 1)):  # layer 6 head 12, layer 4 head 2, from 0
         assert w[layer, head, it, animal] > 2 * w[layer, head, it, street]
     assert round(float(w[5, 11, it, animal]), 2) == 0.56  # the figure the README quotes
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_draw_positions_titles_neither_overlap_nor_leave_the_figure(lang):
+    from attnlab.report import draw
+    fig = draw("positions", lang=lang)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox
+    boxes = [ax.title.get_window_extent(renderer) for ax in fig.axes if ax.get_title()]
+    assert len(boxes) == 4
+    for box in boxes:  # inside the figure (the last one was clipped)
+        assert box.x0 >= page.x0 - 0.5 and box.x1 <= page.x1 + 0.5
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b)
+
+
+def test_pre_ln_explains_the_row_layer_norm_sends_to_zero():
+    from attnlab.report import note_lines
+    pre = attnlab.explain(norm="pre", Wo=True)  # seed 000's X: row 3 is [1, 1, 1, 1]
+    assert np.array_equal(pre.get("normed_in").values[2], np.zeros(4))
+    en, zh = " ".join(note_lines(pre, "en")), " ".join(note_lines(pre, "zh"))
+    assert "Rows 3 (word3) have all features equal" in en and "LayerNorm maps them to 0" in en
+    assert "第 3 行" in zh and "层规范化把它们变成 0" in zh
+    post = attnlab.explain(norm="post", Wo=True)
+    assert "all features equal" not in " ".join(note_lines(post, "en"))

@@ -20,14 +20,17 @@ def _tokenizer():  # MiniLM's WordPiece tokenizer (30,522 pieces), from the pack
     return AutoTokenizer.from_pretrained(str(minilm_path()))
 
 
-def llama_folder(folder: Path, *, seed: int = 0) -> Path:
-    """A random Llama: 2 layers, 4 query heads sharing 2 key/value heads (GQA), RoPE."""
+def llama_folder(folder: Path, *, seed: int = 0, extra_tokens: list[str] | None = None) -> Path:
+    """A random Llama: 2 layers, 4 query heads sharing 2 key/value heads (GQA), RoPE.
+    ``extra_tokens`` join the vocabulary whole (hostile token texts, for the page)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = _tokenizer()
+    if extra_tokens:
+        tokenizer.add_tokens(extra_tokens)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=2048, tie_word_embeddings=True,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=None,

@@ -43,7 +43,7 @@ def kernel_path(tmp_path_factory):
 def test_every_lesson_exists_in_both_languages():
     names = {lang: sorted(p.name for p in LESSONS if p.parent.name == lang)
              for lang in ("zh", "en")}
-    assert names["zh"] == names["en"] and len(names["zh"]) == 11
+    assert names["zh"] == names["en"] and len(names["zh"]) == 12
     solved = {lang: sorted(p.name for p in SOLUTIONS if p.parent.parent.name == lang)
               for lang in ("zh", "en")}
     assert solved["zh"] == solved["en"] and len(solved["zh"]) >= 9
@@ -91,3 +91,15 @@ def test_notebook_runs(path, kernel_path, monkeypatch):
     errors = [o for cell in notebook.cells if cell.cell_type == "code"
               for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        shown = "".join(o.get("text", "") + "".join(o.get("data", {}).get("text/plain", ""))
+                        for o in cell.get("outputs", []))
+        # what a learner reads is words, not reprs of NumPy scalars
+        assert "np.int64(" not in shown and "np.float64(" not in shown, cell.source
+        if path.parent.name != "solutions" and cell.source.startswith("exercises.check("):
+            # the learner's stub runs, and the check says it is not written yet
+            said = "".join(o.get("data", {}).get("text/markdown", "")
+                           for o in cell.get("outputs", []))
+            assert ("还没有写" if path.parent.name == "zh" else "Not written yet") in said

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError
+from ..messages import Message
 from .catalog import EXERCISES, Case, Exercise
-from .hints import LANGS, case_label, render
+from .hints import LANGS, hint
 
 __all__ = ["Result", "check", "names", "task"]
 
@@ -37,10 +38,12 @@ __all__ = ["Result", "check", "names", "task"]
 class Result:
     """The verdict on one solution.
 
-    ``passed``: every case matched attnlab. ``hint``: what to do next, in ``lang``.
-    ``mistake``: the key of the diagnosis ("ok", "not_written", "crashed", "shape",
-    "no_scale", "softmax_axis"...), stable for tests and tools. ``case``: the input
-    case that failed (its key in hints.CASES), or "" when passed.
+    ``passed``: every case matched attnlab. ``hint``: what to do next, in ``lang``;
+    ``message``: the same as a keyed :class:`attnlab.messages.Message`
+    (``exercise.<mistake>``), to render in the other language. ``mistake``: the key of
+    the diagnosis ("ok", "not_written", "crashed", "shape", "no_scale",
+    "softmax_axis"...), stable for tests and tools. ``case``: the input case that
+    failed (``exercise.case.<case>`` in the catalog), or "" when passed.
     """
 
     name: str
@@ -49,6 +52,7 @@ class Result:
     mistake: str
     case: str
     lang: str
+    message: Message
 
     def __bool__(self) -> bool:
         return self.passed
@@ -113,8 +117,9 @@ def _check_lang(lang: Any) -> None:
 
 def _result(exercise: Exercise, key: str, case: str, lang: str, **params: Any) -> Result:
     if case:
-        params["case"] = case_label(case, lang)
-    return Result(exercise.name, key == "ok", render(key, lang, **params), key, case, lang)
+        params["case"] = case
+    message = hint(key, **params)
+    return Result(exercise.name, key == "ok", message.render(lang), key, case, lang, message)
 
 
 def _run(fn: Any, case: Case) -> tuple[Any, BaseException | None]:

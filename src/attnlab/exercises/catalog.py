@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..attention import scaled_dot_product_attention, softmax
+from ..backward import softmax_backward
 from ..masks import causal_mask
 from ..nn.layers import LayerNorm
 from ..nn.multihead import MultiHeadAttention, merge_heads, split_heads
@@ -505,8 +506,75 @@ RESIDUAL_BLOCK = Exercise(
 )
 
 
+# ------------------------------------------------------------------ flash's online softmax
+
+def _online_with(*, correct: bool = True, subtract: bool = True, divide: bool = True,
+                 ragged: bool = True) -> Callable[..., np.ndarray]:
+    def wrong(q, K, V, block):  # (D,), (S, D), (S, Dv), int -> (Dv,)
+        S = K.shape[0]
+        m, total, acc = -np.inf, 0.0, np.zeros(V.shape[1])  # the paper's m, l, acc
+        stop = S if ragged else S - block + 1
+        for start in range(0, stop, block):
+            s = K[start:start + block] @ q / np.sqrt(K.shape[1])  # (b,)
+            m_new = max(m, float(s.max())) if subtract else 0.0
+            scale = np.exp(m - m_new) if correct and subtract else 1.0
+            p = np.exp(s - m_new)  # (b,)
+            total, acc = total * scale + p.sum(), acc * scale + p @ V[start:start + block]
+            m = m_new
+        return acc / total if divide else acc
+    return wrong
+
+
+def _online_cases() -> list[Case]:
+    rng = _rng(12)
+    q, K = _normal(rng, 4), _normal(rng, 8, 4)
+    rising = K[np.argsort(K @ q)]  # (S, D): each tile holds a new maximum, so m moves
+    return [
+        Case("random", (q, rising, _normal(rng, 8, 2), 2)),
+        Case("ragged", (_normal(rng, 4), _normal(rng, 7, 4), _normal(rng, 7, 3), 3)),
+        Case("large", (100 * _normal(rng, 8), 30 * _normal(rng, 6, 8), _normal(rng, 6, 2), 2)),
+        Case("one_block", (_normal(rng, 4), _normal(rng, 5, 4), _normal(rng, 5, 2), 1)),
+    ]
+
+
+ONLINE_ATTENTION = Exercise(
+    "online_attention", "online_attention(q, K, V, block) -> out   # (D,), (S, D), (S, Dv), int -> (Dv,)",
+    ("Flash Attention 的在线 softmax：一次读 block 个键，只保留运行最大值 m、指数和 l、输出累加 acc，最后输出 acc / l。",
+     "Flash attention's online softmax: read block keys at a time, keep only the running maximum m, the sum of exponentials l and the output accumulator acc, and output acc / l."),
+    lambda q, K, V, block: scaled_dot_product_attention(q[None], K, V)[0], _online_cases,
+    [Mistake("online_no_correction", _online_with(correct=False)),
+     Mistake("softmax_no_max", _online_with(subtract=False)),
+     Mistake("online_no_divide", _online_with(divide=False)),
+     Mistake("online_last_tile", _online_with(ragged=False))],
+)
+
+
+# ------------------------------------------------------------------ softmax's gradient
+
+def _softmax_backward_cases() -> list[Case]:
+    rng = _rng(13)
+    masked = softmax(np.where(np.tril(np.ones((4, 4), bool)), _normal(rng, 4, 4), -np.inf))
+    return [
+        Case("rect", (softmax(_normal(rng, 3, 5)), _normal(rng, 3, 5))),
+        Case("square", (softmax(_normal(rng, 4, 4)), _normal(rng, 4, 4))),
+        Case("causal", (masked, _normal(rng, 4, 4))),
+    ]
+
+
+SOFTMAX_BACKWARD = Exercise(
+    "softmax_backward", "softmax_backward(y, dy) -> dx   # y = softmax(x) (T, S), dy = ∂L/∂y (T, S) -> ∂L/∂x (T, S)",
+    ("softmax 的反向传播：已知输出 y 和上游梯度 dy，求 dx = y ⊙ (dy − Σ_j dy_j y_j)（每一行求和）。",
+     "Softmax's backward pass: from the output y and the upstream gradient dy, compute dx = y ⊙ (dy − Σ_j dy_j y_j) (summed per row)."),
+    lambda y, dy: softmax_backward(y, dy), _softmax_backward_cases,
+    [Mistake("sb_no_subtract", lambda y, dy: y * dy),
+     Mistake("sb_diagonal", lambda y, dy: y * (1 - y) * dy),
+     Mistake("sb_axis", lambda y, dy: y * (dy - np.sum(dy * y, axis=0, keepdims=True))),
+     Mistake("softmax_no_keepdims", lambda y, dy: y * (dy - np.sum(dy * y, axis=-1)))],
+)
+
+
 EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     QKV, SCORES, SCALED_SCORES, SOFTMAX, ATTENTION, SELF_ATTENTION, CAUSAL_MASK, PADDING_MASK,
     MASKED_ATTENTION, SPLIT_HEADS, MERGE_HEADS, MULTI_HEAD_ATTENTION, SINUSOIDAL, LAYER_NORM,
-    RESIDUAL_BLOCK,
+    RESIDUAL_BLOCK, ONLINE_ATTENTION, SOFTMAX_BACKWARD,
 )}

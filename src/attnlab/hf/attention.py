@@ -26,7 +26,9 @@ What transformers passes, and what it becomes:
 - ``sliding_window``: already in the mask that the mask function built from the
   cache positions (Mistral, Gemma 2, GPT-OSS); a call with a window, no mask and
   more keys than the window is refused rather than computed without it.
-- ``output_attentions=True`` returns the weights (B, H, T, S) to transformers.
+- ``output_attentions=True`` returns the weights (B, H, T, S) to transformers (passed
+  down, or, for models that keep it to themselves such as GPT-2, read from
+  transformers' output recorder).
 - Keywords that only describe the call (``position_ids``, ``cache_position``,
   ``use_cache``, ``output_hidden_states`` ...) are ignored; any other keyword with
   a value is refused by name (``cu_seq_lens_q`` of packed batches, T5's
@@ -93,6 +95,22 @@ def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {shape_str(tuple(value.shape))}"
     return repr(value)
+
+
+def _weights_wanted(kwargs: dict[str, Any]) -> bool:
+    """Whether transformers wants this call's weights: ``output_attentions=True`` passed down,
+    or (models that take it out of the kwargs, GPT-2) its output recorder collecting
+    attentions for this forward."""
+    if kwargs.get("output_attentions"):
+        return True
+    if torch.compiler.is_compiling():  # the recorder's ContextVar does not trace
+        return False
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # another transformers: only output_attentions says it
+        return False
+    collecting = _active_collector.get()
+    return isinstance(collecting, dict) and "attentions" in collecting
 
 
 def attention_function(backend: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
@@ -195,11 +213,11 @@ def _torch_attention(
     options = _convert(module, query, key, attention_mask, kwargs)
     site = getattr(module, "hook_site", None)
     if site is not None:
-        out, weights = _hooked(site, query, key, value, options,
-                               bool(kwargs.get("output_attentions")), plain=False)
+        out, weights = _hooked(site, query, key, value, options, _weights_wanted(kwargs),
+                               plain=False)
         return out.transpose(1, 2).contiguous(), weights
     mask = options.pop("mask", None)
-    if kwargs.get("output_attentions"):
+    if _weights_wanted(kwargs):
         out, weights = scaled_dot_product_attention(query, key, value, mask,
                                                     return_weights=True, **options)
         return out.transpose(1, 2).contiguous(), weights
@@ -214,14 +232,13 @@ def _plain_attention(
     options = _convert(module, query, key, attention_mask, kwargs)
     site = getattr(module, "hook_site", None)
     if site is not None:
-        out, weights = _hooked(site, query, key, value, options,
-                               bool(kwargs.get("output_attentions")), plain=True)
+        out, weights = _hooked(site, query, key, value, options, _weights_wanted(kwargs),
+                               plain=True)
         return out.transpose(1, 2).contiguous(), weights
     mask = options.pop("mask", None)
     out, weights = scaled_dot_product_attention(query, key, value, mask, return_weights=True,
                                                 **options)  # the plain path
-    return out.transpose(1, 2).contiguous(), (weights if kwargs.get("output_attentions")
-                                              else None)
+    return out.transpose(1, 2).contiguous(), (weights if _weights_wanted(kwargs) else None)
 
 
 def _triton_attention(
@@ -243,7 +260,7 @@ def _triton_attention(
     if options.pop("dropout_p"):
         raise AttnlabError("dropout: backend='triton' has no dropout; use backend='torch' to "
                            "train with attention dropout")
-    if kwargs.get("output_attentions"):
+    if _weights_wanted(kwargs):
         raise AttnlabError("output_attentions: backend='triton' builds no (T, S) weights; use "
                            "backend='torch' or 'plain'")
     mask = options.pop("mask", None)

@@ -37,7 +37,7 @@ def example_qkv(T: int = 8, D: int = 4, *, seed: int = 0,
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Standard-normal q, k, v of one head: (T, D) each, from ``seed``."""
     T, D = check_positive_int(T, "T"), check_positive_int(D, "D")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_positive_int(seed, "seed", allow_zero=True))
     q, k, v = (rng.standard_normal((T, D)) for _ in range(3))
     return q, k, v
 
@@ -180,7 +180,8 @@ def position_patterns(T: int = 32, d_model: int = 16, head_dim: int = 8, *,
     pe = sinusoidal_encoding(T, d_model)  # (T, E)
     cos, sin = rope_angles(np.arange(T), head_dim)  # (T, D) each, halves repeated
     angles = np.arctan2(sin, cos)[:, : head_dim // 2]  # (T, D/2), wrapped to (-π, π]
-    x = np.random.default_rng(seed).standard_normal(head_dim)
+    x = np.random.default_rng(check_positive_int(seed, "seed", allow_zero=True)).standard_normal(
+        head_dim)  # (D,)
     placed = apply_rope(np.tile(x, (T, 1)))  # (T, D): x at positions 0..T-1
     return PositionPatterns(pe, pe @ pe.T, angles, placed @ placed.T)
 

@@ -343,6 +343,11 @@ def explain(
                               "normed = LayerNorm(residual) = (r - mean) / √(var + ε)"))
 
     notes = layer_notes(attn_in, allowed, pos, tokens, scale, drawn, X is None) + notes
+    if norm == "pre":  # LayerNorm maps a row with all features equal to 0: say so
+        flat = np.flatnonzero(np.ptp(x_in, axis=-1) == 0)
+        if flat.size:
+            notes.append({"kind": "constant_rows", "head": None, "rows": flat.tolist(),
+                          "tokens": [tokens[i] for i in flat]})
     meta = {"T": T, "E": E, "d_k": D, "num_heads": H, "scale": scale_value,
             "is_causal": is_causal, "masked": mask is not None,
             "key_padding": None if padding is None else padding.tolist(), "pos": pos,

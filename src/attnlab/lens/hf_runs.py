@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError
+from ..messages import msg
 
 __all__ = ["HFModel", "HFRun", "RECORDER", "load_hf", "output_projection", "record", "run_hf"]
 
@@ -89,13 +90,14 @@ class HFRun:
         return self.ids[self.prompt_length:]
 
 
-def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | None = None
-            ) -> HFModel:
+def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | None = None,
+            label: str | None = None) -> HFModel:
     """A local Hugging Face folder (or hub name) as an :class:`HFModel`, float32, eval mode.
 
     Decoders (``*ForCausalLM`` architectures, or ``is_decoder``) load with their LM head;
     encoders without one. The tokenizer is the folder's own. A hub name that cannot be
-    reached raises one :class:`~attnlab.errors.AttnlabError` line.
+    reached raises one :class:`~attnlab.errors.AttnlabError` line. ``label`` names the
+    model in messages and titles (default: the folder's name).
     """
     if not isinstance(name, (str, os.PathLike)) or not str(name).strip():
         raise AttnlabError(f"model: expected a Hugging Face folder or hub name, got {name!r}")
@@ -107,8 +109,7 @@ def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | Non
     source = str(name)
     local = Path(source).is_dir()
     if not local and (Path(source).exists() or source.startswith((".", "/", "~"))):
-        raise AttnlabError(f"model: expected a Hugging Face folder (config.json, weights, "
-                           f"tokenizer) or a hub name, got {source!r}")
+        raise AttnlabError(msg("hf.not_a_folder", name="model", got=repr(source)))
     try:
         config = transformers.AutoConfig.from_pretrained(
             source, trust_remote_code=trust_remote_code)
@@ -124,13 +125,14 @@ def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | Non
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if not local:
-            raise AttnlabError(f"model: cannot load {source!r} from the Hugging Face hub "
-                               f"(offline or unknown: {first}); give a local folder") from None
-        raise AttnlabError(f"model: cannot load the folder {source!r} ({first})") from None
+            raise AttnlabError(msg("hf.hub_unreachable", name="model", got=repr(source),
+                                   detail=first)) from None
+        raise AttnlabError(msg("hf.folder_unreadable", name="model", got=repr(source),
+                               detail=first)) from None
     model.eval()
     if max_length is not None:
         tokenizer.model_max_length = max_length
-    return HFModel(model=model, tokenizer=tokenizer, name=Path(source).name or source,
+    return HFModel(model=model, tokenizer=tokenizer, name=label or Path(source).name or source,
                    is_decoder=is_decoder)
 
 
@@ -244,8 +246,7 @@ def run_hf(hf: HFModel, text: str, *, pair: str | None = None, generate: int = 0
     if not isinstance(generate, int) or isinstance(generate, bool) or generate < 0:
         raise AttnlabError(f"generate: expected a number of tokens >= 0, got {generate!r}")
     if generate and not hf.is_decoder:
-        raise AttnlabError(f"generate: {hf.name} is an encoder (no language-model head); "
-                           "--generate needs a decoder")
+        raise AttnlabError(msg("hf.encoder_generate", name="generate", model=hf.name))
     if generate and pair is not None:
         raise AttnlabError("pair: expected no pair together with generate")
     encoded = hf.tokenizer(text, pair, return_tensors="pt", truncation=True)

@@ -10,6 +10,7 @@ this module only draws them. matplotlib is imported inside the functions.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -170,16 +171,19 @@ def draw_positions(lang: Lang = "en", *, T: int = 32, d_model: int = 16, head_di
     ]
     with font_context() as families:
         warn_if_cjk_unrenderable(list(words.values()), families, "draw_positions")
-        fig = new_figure((12.0, 3.8))
+        # 2 × 2, titles wrapped: four long titles in one row overlapped and the last was
+        # clipped at the figure's edge
+        fig = new_figure((10.0, 8.0))
         for index, (values, key, xlabel, cmap, (low, high)) in enumerate(panels):
-            ax = fig.add_subplot(1, 4, index + 1)
+            ax = fig.add_subplot(2, 2, index + 1)
             if low is None:
                 edge = float(np.abs(values).max())
                 low, high = (-edge, edge) if cmap == "RdBu_r" else (values.min(), values.max())
             image = ax.imshow(values, cmap=cmap, vmin=low, vmax=high, aspect="auto",
                               interpolation="nearest")
             fig.colorbar(image, ax=ax, shrink=0.8)
-            _text(ax, families, words[key], xlabel, words["position"])
+            title = textwrap.fill(words[key], 44 if lang == "en" else 22)
+            _text(ax, families, title, xlabel, words["position"])
         fig.suptitle(words["pos_title"], fontfamily=families, fontsize=10)
     return fig
 

@@ -216,6 +216,15 @@ NOTE_TEXT: dict[str, dict[str, str]] = {
         "zh": "{where}注意力权重几乎均匀（每一行的归一化熵 ≥ {entropy}）：注意力分数相差无几。"
               "原文 000 的排查清单：检查 softmax 是否正确、输入值是否差异过小。",
     },
+    "constant_rows": {
+        "en": "Rows {rows} ({tokens}) have all features equal, so LayerNorm maps them to 0 "
+              "(x − mean = 0 in every feature, whatever ε): their queries, keys and values "
+              "are 0, they attend uniformly and pass nothing on; the residual carries them "
+              "through unchanged.",
+        "zh": "第 {rows} 行（{tokens}）的所有特征都相同，所以层规范化把它们变成 0"
+              "（每个特征都是 x − 均值 = 0，与 ε 无关）：它们的查询、键、值都是 0，"
+              "注意力权重是均匀的，也不传出任何内容；残差连接把它们原样带过去。",
+    },
     "fully_masked": {
         "en": "Rows {rows} ({tokens}) have no key to attend to (every key masked): attnlab gives "
               "them weights 0 and output 0. Elsewhere they go wrong silently: filled with -1e9 "

@@ -12,6 +12,15 @@ sequence's keys are the NumPy twin's (:class:`~attnlab.fast.paged_cache.BlockAll
 blocks in the same order. Attention is :func:`attnlab.torch.kernel.attend`.
 
 As the other torch caches, keys and values are stored detached: for inference.
+
+One rule for both twins: a sequence never reads a slot it does not own. The
+slots a shorter sequence is gathered with (its table padded with block 0, the
+rest of a reused block) are exact zeros, so that a NaN or inf another sequence
+wrote can reach no one else (tested with NaN and ±inf in block 0, a freed and
+reused block and a batched sequence). What each twin accepts is its own
+convention: the NumPy twin refuses non-finite keys and values when appended,
+this one stores them as torch does and checks them under
+:func:`attnlab.torch.debug_checks`; either way they reach only their owner.
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@
     }
   }
   addOptions(layerSelect, L, layerName);
-  if (GROUP) {
+  if (GROUP > 1) {
     /* Heads that share one key/value head (GQA) are listed together. */
     var group = null, groupNumber = -1;
     for (var h0 = 0; h0 < H; h0++) {
@@ -423,7 +423,7 @@
       row.appendChild(el("span", "overview-label", layerName(l)));
       for (var h = 0; h < H; h++) {
         var thumb = el("canvas", "thumb" +
-          (GROUP && h > 0 && groupOf(h) !== groupOf(h - 1) ? " group-start" : ""));
+          (GROUP > 1 && h > 0 && groupOf(h) !== groupOf(h - 1) ? " group-start" : ""));
         thumb.dataset.layer = String(l); thumb.dataset.head = String(h);
         if (GROUP) { thumb.dataset.group = String(groupOf(h)); }
         thumb.title = layerName(l) + " \u00b7 " + headName(h);
