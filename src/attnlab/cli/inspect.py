@@ -53,7 +53,8 @@ def add_parser(sub: Any) -> None:
                    "(default: the packaged MiniLM)")
     p.add_argument("--pair", metavar="TEXT",
                    help="a second sentence (sentence B), run with TEXT as one sentence pair "
-                   "([CLS] A [SEP] B [SEP], token types 0 then 1): the page gets A/B filters")
+                   "([CLS] A [SEP] B [SEP], token types 0 then 1); for Hugging Face models "
+                   "the page gets A/B filters")
     p.add_argument("--generate", type=int, metavar="N", default=0,
                    help="decoders: generate N tokens greedily after TEXT; the page shows the "
                    "prompt and generated tokens apart and a step slider over the KV cache")
