@@ -213,7 +213,7 @@ def test_static_cache_prefill_is_top_left_aligned(arch):
         model = tm.load(arch, implementation)
         cache = StaticCache(config=model.config, max_cache_len=T + 8)
         with torch.no_grad():
-            logits[implementation] = model(**inputs, past_key_values=cache,
+            logits[implementation] = model(**inputs, cache=cache,
                                            use_cache=True).logits
     torch.testing.assert_close(logits["attnlab"], logits["sdpa"], atol=2e-5, rtol=0)
 
