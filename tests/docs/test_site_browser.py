@@ -184,3 +184,31 @@ def test_tutorial_lesson_shows_its_plot(site, visit, lang) -> None:
     assert width > 200, f"the lesson's plot did not render (width {width})"
     assert page.get_attribute("html", "lang") == lang
     visit.assert_stayed_local()
+
+
+def test_pages_open_from_disk_with_nothing_fetched_from_the_network(site, browser) -> None:
+    """Opened as files (file://), a page draws with the theme's local script and style."""
+    context = browser.new_context()
+    remote: list[str] = []
+
+    def route(r: Any) -> None:
+        if r.request.url.startswith(("file://", "data:")):
+            r.continue_()
+        else:
+            remote.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    try:
+        for path in ("index.html", "zh/core.html", "api/core.html"):
+            page.goto((site / path).resolve().as_uri())
+            page.wait_for_load_state("load")
+            assert page.locator("article h1").count() >= 1
+            # The theme's stylesheet applied: the header is laid out as material lays it.
+            assert page.locator("header.md-header").evaluate(
+                "h => getComputedStyle(h).position") in ("sticky", "fixed")
+    finally:
+        context.close()
+    assert remote == [], f"requests left the machine: {remote}"
