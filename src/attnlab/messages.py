@@ -40,9 +40,7 @@ Language = Literal["en", "zh"]
 #: key -> (English template, Chinese template).
 MESSAGES: dict[str, tuple[str, str]] = {
     # ---- phrases used as parameters of other messages
-    "phrase.empty_string": ("an empty string", "空字符串"),
     "phrase.seed": ("an int seed >= 0", "≥ 0 的整数种子"),
-    "phrase.some_text": ("some text", "一段文本"),
     "phrase.int": ("int", "整数"),
     "phrase.float": ("float", "数字"),
     "phrase.error": ("error: {text}", "错误：{text}"),
@@ -170,7 +168,6 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "cli.number_at_least_0": ("{flag}: expected a number >= 0, got {got}", "{flag}：需要 ≥ 0 的数，实际得到 {got}"),
     "cli.approx_exact_at": ("exact attention at T = {T}", "T = {T} 时的精确注意力"),
     "cli.approx_dense_at": ("dense attention at T = {T}", "T = {T} 时的稠密注意力"),
-    "cli.pair_empty": ("--pair: expected some text, got an empty string", "--pair：需要一段文本，实际得到空字符串"),
     # ---- attnlab verify (attnlab.hf.verify's report)
     "verify.no_model": ("MODEL_DIR: expected a model folder with config.json, got {got}", "MODEL_DIR：需要一个含 config.json 的模型文件夹，实际得到 {got}"),
     "verify.unreadable": ("MODEL_DIR: transformers could not read {path}: {detail}", "MODEL_DIR：transformers 无法读取 {path}：{detail}"),
