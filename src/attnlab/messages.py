@@ -207,6 +207,9 @@ MESSAGES: dict[str, tuple[str, str]] = {
                                      "前一个词、重复词和归纳得分不适用于 {task} 任务，这里不显示（仍写在 metrics.json 中）"),
     "train.loss_nonfinite": ("the loss became {loss}", "损失变为 {loss}"),
     "train.weights_nonfinite": ("the update made the weights inf or NaN", "这一步更新使权重变为 inf 或 NaN"),
+    "train.d_model_heads": ("d_model: expected a multiple of num_heads = {heads} (or pass head_dim), got {got}", "d_model：需要是 num_heads = {heads} 的倍数（或者给出 head_dim），实际得到 {got}"),
+    "train.rope_even": ("head_dim: RoPE rotates pairs, expected an even D, got {got}", "head_dim：RoPE 成对旋转特征，需要偶数的 D，实际得到 {got}"),
+    "train.finite_positive": ("{name}: expected a finite number > 0, got {got}", "{name}：需要 > 0 的有限数，实际得到 {got}"),
     "train.needs_torch": ("attnlab train needs PyTorch, which is not installed. Install it with: pip install 'attnlab[torch]'",
                           "attnlab train 需要 PyTorch，但它没有安装。请用 pip install 'attnlab[torch]' 安装"),
     # ---- models

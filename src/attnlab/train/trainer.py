@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from ..errors import AttnlabError, check_positive_int
 from ..lens.heads import DETECTORS, all_head_scores
+from ..messages import msg
 from ..tasks import IGNORE, Task
 from .model import AblationMode, Decoder, ModelConfig
 
@@ -110,7 +111,7 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
-                raise AttnlabError(f"{name}: expected a finite number > 0, got {value!r}")
+                raise AttnlabError(msg("train.finite_positive", name=name, got=repr(value)))
         if self.grad_clip is not None and not (
                 isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
             raise AttnlabError(f"grad_clip: expected a number > 0 or None, got {self.grad_clip!r}")
