@@ -74,8 +74,9 @@ def test_the_exact_pattern_scores_one_on_the_tasks_own_data():
 
 def test_bad_input_is_named():
     w = np.eye(7)[None, None, None]
-    with pytest.raises(AttnlabError, match="weights"):
+    with pytest.raises(AttnlabError, match="weights") as error:
         next_output_scores(w[0], INPUTS, TARGETS, PROMPT)
+    assert error.value.message.render("zh").startswith("weights：需要形状")  # keyed, both languages
     with pytest.raises(AttnlabError, match="inputs, targets"):
         next_output_scores(w, INPUTS[:, :5], TARGETS, PROMPT)
     with pytest.raises(AttnlabError, match="prompt_len"):

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from ..errors import AttnlabError, check_positive_int
 from ..lens.heads import DETECTORS, all_head_scores
+from ..messages import msg
 from ..tasks import IGNORE, Task
 from .model import AblationMode, Decoder, ModelConfig
 
@@ -68,17 +69,17 @@ def next_output_scores(
     w = np.asarray(weights, dtype=np.float64)
     ids, tgt = np.asarray(inputs), np.asarray(targets)
     if w.ndim != 5 or w.shape[-1] != w.shape[-2]:
-        raise AttnlabError(f"weights: expected (B, L, H, T, T), got shape {w.shape}")
+        raise AttnlabError(msg("train.next_output_weights", shape=w.shape))
     B, _, _, T, _ = w.shape
     if ids.shape != (B, T) or tgt.shape != (B, T):
-        raise AttnlabError(f"inputs, targets: expected shape {(B, T)} each, got "
-                           f"{ids.shape} and {tgt.shape}")
+        raise AttnlabError(msg("train.next_output_rows", expected=(B, T), inputs=ids.shape,
+                               targets=tgt.shape))
     prompt_len = check_positive_int(prompt_len, "prompt_len")
     if prompt_len > T:
-        raise AttnlabError(f"prompt_len: expected at most T = {T}, got {prompt_len}")
+        raise AttnlabError(msg("train.next_output_prompt", T=T, got=prompt_len))
     scored = tgt != IGNORE  # (B, T)
     if not scored.any():
-        raise AttnlabError("targets: expected at least one scored position, got none")
+        raise AttnlabError(msg("train.next_output_unscored"))
     # match[b, t, j]: the prompt token at j is the value emitted after position t
     match = (ids[:, None, :prompt_len] == tgt[:, :, None]) & scored[:, :, None]  # (B, T, P)
     on_next = np.einsum("blhtj,btj->blht", w[..., :prompt_len], match.astype(np.float64))
@@ -110,7 +111,7 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
-                raise AttnlabError(f"{name}: expected a finite number > 0, got {value!r}")
+                raise AttnlabError(msg("train.finite_positive", name=name, got=repr(value)))
         if self.grad_clip is not None and not (
                 isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
             raise AttnlabError(f"grad_clip: expected a number > 0 or None, got {self.grad_clip!r}")
