@@ -82,10 +82,9 @@ class ModelConfig:
         if self.norm not in ("pre", "post"):
             raise AttnlabError(f"norm: expected 'pre' or 'post', got {self.norm!r}")
         if self.head_dim is None and self.d_model % self.num_heads:
-            raise AttnlabError(f"d_model: expected a multiple of num_heads = {self.num_heads} "
-                               f"(or pass head_dim), got {self.d_model}")
+            raise AttnlabError(msg("train.d_model_heads", heads=self.num_heads, got=self.d_model))
         if self.positions == "rope" and self.D % 2:
-            raise AttnlabError(f"head_dim: RoPE rotates pairs, expected an even D, got {self.D}")
+            raise AttnlabError(msg("train.rope_even", got=self.D))
 
     @property
     def D(self) -> int:
