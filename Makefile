@@ -13,7 +13,7 @@ CORE_VENV  ?= .venv-core
 CORE_BIN   := $(CORE_VENV)/bin
 CORE_STAMP := $(CORE_VENV)/.attnlab-installed
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test docs clean
 
 setup: $(STAMP)
 
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
 	bash scripts/install-system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[all,test]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[all,test,docs]"
 	touch $(STAMP)
 
 # NumPy, pytest and hypothesis at the pinned versions, and attnlab without its extras.
@@ -38,16 +38,23 @@ demo: setup
 	@echo "trace.json, trace.md) and inspect/ (all-MiniLM-L6-v2: grid.png, head.png, view.html,"
 	@echo "diagnostics.json)"
 
+# The documentation site, into site/ (strict: a broken link, a missing page or an API
+# name that no longer exists fails it). The tutorial notebooks are executed once and
+# cached in .cache/ by their content; the kernel is this venv's python (first on PATH).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m mkdocs build --strict --quiet
+
 # Lint and types; the whole suite; the numerics tiers again under every OpenBLAS
 # kernel the CPU can run, with torch at 1 and 2 threads (scripts/test-numerics.sh
-# says which runs); tests/core where only NumPy is installed.
-test: setup $(CORE_STAMP)
+# says which runs); tests/core where only NumPy is installed. The site is built
+# first, strictly, and tests/docs opens that build in headless Chromium.
+test: setup $(CORE_STAMP) docs
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	ATTNLAB_DOCS_SITE=site $(BIN)/python -m pytest
 	bash scripts/test-numerics.sh --skip-covered $(BIN)/python
 	$(CORE_BIN)/python -c 'import importlib.util as u, sys; extra = [m for m in ("torch", "matplotlib") if u.find_spec(m)]; extra and sys.exit(f"$(CORE_VENV) has {extra}: tests/core must run without them")'
 	$(CORE_BIN)/python -m pytest tests/core
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(CORE_VENV) $(DEMO_DIR) site .cache .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,4 +1,5 @@
-"""Regenerate the README's pictures from the real model (all-MiniLM-L6-v2).
+"""Regenerate the documentation's pictures (docs/*.png: the README and the site) from the
+real model (all-MiniLM-L6-v2).
 
     .venv/bin/python scripts/make_docs_images.py
 

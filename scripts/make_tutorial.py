@@ -746,6 +746,177 @@ lesson(
        "knows (e.g. 天上有月，水中也有月。) and see what the second 月 attends to."),
 )
 
+
+# ----------------------------------------------------------------- watching a model learn
+lesson(
+    "13_training_sort",
+    md("# 第 13 课：看注意力学会排序\n\n"
+       "前面的权重要么是随机的，要么是别人训练好的。这一课我们自己训练一个很小的解码器（1 层、2 个头），"
+       "让它学排序（minGPT 的演示任务）：先读 4 个 0～4 之间的数字，再按从小到大的顺序把它们输出。"
+       "它是自回归的下一个词元预测：输入是序列去掉最后一个，目标是序列去掉第一个，只在答案部分计算损失。\n\n"
+       "    提示 3 1 2 1 | 答案 1 1 2 3\n\n"
+       "模型要输出下一个数字时，该看哪里？答案就在提示里：**下一个要输出的数字在提示中的位置**。"
+       "这就是本课的检测器“关注下一个输出”（next output）。",
+       "# Lesson 13: watching attention learn to sort\n\n"
+       "Every weight so far was random or trained by someone else. In this lesson we train a "
+       "tiny decoder (1 layer, 2 heads) to sort (minGPT's demo task): it reads 4 digits in "
+       "0-4, then emits them in increasing order. It is autoregressive next-token prediction: "
+       "the input is the sequence without its last token, the target the sequence without its "
+       "first, and only the answer is scored.\n\n"
+       "    prompt 3 1 2 1 | answer 1 1 2 3\n\n"
+       "Where should the model look when it is about to emit the next digit? The answer is in "
+       "the prompt: **where the digit it emits next sits in the prompt**. That is this lesson's "
+       "detector, \"attends to the next output\"."),
+    code("import torch\n"
+         "from attnlab.tasks import IGNORE, make_task\n"
+         "from attnlab.train import ModelConfig, TrainConfig, next_output_scores, train\n"
+         "torch.set_num_threads(1)                      # 单线程：同一个种子，每次的数字完全一样\n"
+         "task = make_task(\"sort\", length=4, digits=5, heldout=200)\n"
+         "inputs, targets = task.heldout_inputs[:1], task.heldout_targets[:1]\n"
+         "print(\"输入:\", inputs[0].tolist())            # (T,) = (7,)：4 个提示数字 + 前 3 个答案\n"
+         "print(\"目标:\", targets[0].tolist())           # -1 (IGNORE) 表示这个位置不计损失\n"
+         "print(\"提示长度:\", task.answer_start + 1)",
+         "import torch\n"
+         "from attnlab.tasks import IGNORE, make_task\n"
+         "from attnlab.train import ModelConfig, TrainConfig, next_output_scores, train\n"
+         "torch.set_num_threads(1)                      # one thread: the same seed gives the same numbers\n"
+         "task = make_task(\"sort\", length=4, digits=5, heldout=200)\n"
+         "inputs, targets = task.heldout_inputs[:1], task.heldout_targets[:1]\n"
+         "print(\"inputs: \", inputs[0].tolist())         # (T,) = (7,): 4 prompt digits + the first 3 answers\n"
+         "print(\"targets:\", targets[0].tolist())        # -1 (IGNORE): this position is not scored\n"
+         "print(\"prompt length:\", task.answer_start + 1)"),
+    md("## 检测器的定义\n\n在每个计分位置 t，模型接下来要输出 targets[t]。一个头在这里的得分是它放在提示中**值等于 targets[t] 的那些位置**上的权重之和"
+       "（数字重复时，每一份拷贝都算）；再对所有计分位置、所有样本取平均。"
+       "只看着下一个输出的头得 1 分；把权重平均分给能看到的 t + 1 个位置（因果掩蔽）的头，得分约为 1/(t + 1) 乘以这个数字在提示里出现的次数。"
+       "先用一个手工构造的权重验证这两点。",
+       "## The detector, precisely\n\nAt a scored position t the model is about to emit "
+       "targets[t]. A head's score there is the weight it puts on the prompt positions **whose "
+       "value is targets[t]** (every copy, when the digit repeats), averaged over every scored "
+       "position of every example. A head that looks only at the next output scores 1; one "
+       "that spreads its weight evenly over the t + 1 positions it may see (causal masking) "
+       "scores about 1/(t + 1) times how often the digit is in the prompt. First, check both "
+       "on hand-built weights."),
+    code("T, P = task.seq_len, task.answer_start + 1\n"
+         "exact = np.eye(T)                               # 不计分的行：看自己\n"
+         "for t in range(task.answer_start, T):\n"
+         "    exact[t] = 0.0\n"
+         "    exact[t, list(inputs[0, :P]).index(targets[0, t])] = 1.0   # 提示中下一个输出所在的位置\n"
+         "uniform = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]   # 因果掩蔽下的平均注意力\n"
+         "for name, w in ((\"只看下一个输出\", exact), (\"平均分配\", uniform)):\n"
+         "    score = next_output_scores(w[None, None, None], inputs, targets, P)   # (B, L, H, T, T) -> (L, H)\n"
+         "    print(name, round(float(score[0, 0]), 3))",
+         "T, P = task.seq_len, task.answer_start + 1\n"
+         "exact = np.eye(T)                               # rows that are not scored: on themselves\n"
+         "for t in range(task.answer_start, T):\n"
+         "    exact[t] = 0.0\n"
+         "    exact[t, list(inputs[0, :P]).index(targets[0, t])] = 1.0   # where the next output sits in the prompt\n"
+         "uniform = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]   # even attention under the causal mask\n"
+         "for name, w in ((\"on the next output\", exact), (\"uniform\", uniform)):\n"
+         "    score = next_output_scores(w[None, None, None], inputs, targets, P)   # (B, L, H, T, T) -> (L, H)\n"
+         "    print(name, round(float(score[0, 0]), 3))"),
+    md("## 训练\n\n200 步，每 20 步在同一批 100 个留出样本上拍一张“快照”：记下注意力权重，并给每个头打分。在 CPU 上大约十几秒。",
+       "## Training\n\n200 steps; every 20 steps a snapshot on the same 100 held-out examples "
+       "records the attention weights and scores every head. About ten seconds on a CPU."),
+    code("model_config = ModelConfig(task.vocab_size, task.seq_len, d_model=32, num_heads=2, num_layers=1)\n"
+         "result = train(task, model_config, TrainConfig(steps=200, batch_size=64, snapshots=11,\n"
+         "                                               snapshot_batch=100, seed=0))\n"
+         "history = result.head_history[\"next_output\"]     # (K, L, H)：K 张快照\n"
+         "baseline = result.metrics()[\"next_output_uniform\"]\n"
+         "for step, scores, loss in zip(result.snapshot_steps, history, result.heldout_loss):\n"
+         "    print(f\"第 {step:3d} 步  留出集损失 {loss:.3f}  各头得分 {np.round(scores[0], 2).tolist()}\")\n"
+         "print(\"平均注意力的得分:\", round(baseline, 3), \" 留出集完全正确率:\", round(result.evaluation.accuracy, 3))\n"
+         "assert history[-1].max() > 2 * baseline      # 训练后至少有一个头明显在看下一个输出",
+         "model_config = ModelConfig(task.vocab_size, task.seq_len, d_model=32, num_heads=2, num_layers=1)\n"
+         "result = train(task, model_config, TrainConfig(steps=200, batch_size=64, snapshots=11,\n"
+         "                                               snapshot_batch=100, seed=0))\n"
+         "history = result.head_history[\"next_output\"]     # (K, L, H): K snapshots\n"
+         "baseline = result.metrics()[\"next_output_uniform\"]\n"
+         "for step, scores, loss in zip(result.snapshot_steps, history, result.heldout_loss):\n"
+         "    print(f\"step {step:3d}  held-out loss {loss:.3f}  head scores {np.round(scores[0], 2).tolist()}\")\n"
+         "print(\"uniform attention scores:\", round(baseline, 3), \" held-out exact match:\", round(result.evaluation.accuracy, 3))\n"
+         "assert history[-1].max() > 2 * baseline      # after training, some head clearly looks at the next output"),
+    code("from attnlab.report.training import plot_training\n"
+         "shown = {\"next_output\": history}                # 只画适合排序的检测器\n"
+         "plot_training(result.losses, result.snapshot_steps, shown, heldout_loss=result.heldout_loss, lang=LANG);",
+         "from attnlab.report.training import plot_training\n"
+         "shown = {\"next_output\": history}                # only the detector that fits sorting\n"
+         "plot_training(result.losses, result.snapshot_steps, shown, heldout_loss=result.heldout_loss, lang=LANG);"),
+    md("**看什么**：第 0 步（训练前）各头的得分接近平均注意力的得分；损失下降的同时，得分很快升高。"
+       "前一个词、归纳这些检测器在排序上什么也说明不了：排序头要找的是下一个数字，不管它在提示的哪个位置，"
+       "所以 `attnlab train sort` 只报告“下一个输出”，其余得分留在 metrics.json 里。\n\n"
+       "## 怎样读训练页面\n\n`attnlab train sort --out sort/` 会写出 `sort/view.html`（下面一格在临时目录里生成同样的页面）。用浏览器打开：\n\n"
+       "- **步数滑块**：拖动它（或按“播放”）在快照之间切换；热力图和得分表都换成那一步的。\n"
+       "- **层、头**：选一个头。热力图的行是查询（正在输出的位置），列是键；对角线以上是空的，因为因果掩蔽不许看后面。\n"
+       "- **得分表**：这一步每个头的“下一个输出”得分。找到得分最高的头，拖回第 0 步再拖到最后，看它的答案行怎样从均匀变成只亮一格——亮的那一格就是下一个要输出的数字。\n"
+       "- **留出集损失**随滑块一起显示；虚线格只对归纳任务有意义，排序页面上没有。",
+       "**What to look at**: at step 0 (before training) the scores sit near the uniform "
+       "score; as the loss falls they rise fast. Previous-token and induction detectors say "
+       "nothing on sorting: a sorting head looks for the next digit wherever it sits in the "
+       "prompt, so `attnlab train sort` reports only the next-output score and keeps the "
+       "others in metrics.json.\n\n"
+       "## Reading the training page\n\n`attnlab train sort --out sort/` writes "
+       "`sort/view.html` (the next cell writes the same page to a temporary folder). Open it "
+       "in a browser:\n\n"
+       "- **The step slider**: drag it (or press play) to move between snapshots; the heatmap "
+       "and the score table follow.\n"
+       "- **Layer, head**: choose a head. Rows of the heatmap are queries (the position "
+       "emitting), columns keys; above the diagonal is empty, since the causal mask forbids "
+       "looking ahead.\n"
+       "- **The score table**: every head's next-output score at this step. Take the best "
+       "head, drag back to step 0 and forward to the end, and watch its answer rows go from "
+       "even to one bright cell: the bright cell is the digit emitted next.\n"
+       "- **The held-out loss** follows the slider; the dashed cells mean something only on "
+       "the induction task, and the sort page has none."),
+    code("import tempfile\n"
+         "from pathlib import Path\n"
+         "from attnlab.report.training import training_html\n"
+         "labels = [task.labels[int(t)] for t in result.snapshot_tokens]   # 第一个留出样本的词元\n"
+         "page = training_html(result.snapshots, result.snapshot_steps, labels, head_history=shown,\n"
+         "                     heldout_loss=result.heldout_loss, lang=LANG)\n"
+         "path = Path(tempfile.mkdtemp()) / \"view.html\"\n"
+         "path.write_text(page, encoding=\"utf-8\")\n"
+         "print(\"用浏览器打开:\", path.name, \"（在\", path.parent, \"中）\")",
+         "import tempfile\n"
+         "from pathlib import Path\n"
+         "from attnlab.report.training import training_html\n"
+         "labels = [task.labels[int(t)] for t in result.snapshot_tokens]   # the first held-out example's tokens\n"
+         "page = training_html(result.snapshots, result.snapshot_steps, labels, head_history=shown,\n"
+         "                     heldout_loss=result.heldout_loss, lang=LANG)\n"
+         "path = Path(tempfile.mkdtemp()) / \"view.html\"\n"
+         "path.write_text(page, encoding=\"utf-8\")\n"
+         "print(\"open in a browser:\", path.name, \"(in\", path.parent, \")\")"),
+    md("## 动手写：因果掩蔽\n\n这个解码器看不到后面的词元。写出 (T, T) 的布尔矩阵，**True 表示可以关注**；下一格用它检查训练好的权重在被掩蔽的位置上是否都是 0。",
+       "## Your turn: the causal mask\n\nThis decoder cannot see later tokens. Return the (T, "
+       "T) boolean matrix, **True = may attend**; the cell after next uses it to check that "
+       "the trained weights are 0 wherever it blocks."),
+    write("causal_mask", "causal_mask(T)", "True = 可以关注", "True = may attend",
+          "    return np.tril(np.ones((T, T), dtype=bool))   # 对角线及以下可以关注"),
+    code("last = result.snapshots[-1]                      # (L, H, T, T)：最后一张快照\n"
+         "try:\n"
+         "    blocked = ~causal_mask(task.seq_len)\n"
+         "    print(\"被掩蔽位置上的最大权重:\", float(last[..., blocked].max()))\n"
+         "except NotImplementedError:\n"
+         "    print(\"先写好上面的 causal_mask\")",
+         "last = result.snapshots[-1]                      # (L, H, T, T): the last snapshot\n"
+         "try:\n"
+         "    blocked = ~causal_mask(task.seq_len)\n"
+         "    print(\"largest weight where the mask blocks:\", float(last[..., blocked].max()))\n"
+         "except NotImplementedError:\n"
+         "    print(\"write causal_mask above first\")"),
+    md("## 练习\n\n1. 两个头的得分不一样高。把得分高的那个头在第 0 步和最后一步的热力图画出来（`result.snapshots[k, 0, head]`），答案行亮的是哪一格？\n"
+       "2. 把 `digits` 改成 3（数字重复得更多）：平均注意力的得分怎么变？为什么检测器要把每一份拷贝都算上？\n"
+       "3. 用 `attnlab train reverse` 训练倒序任务：“下一个输出”的定义还合适吗？倒序头应该看哪里（提示：只看位置，不看数值）？\n"
+       "4. 把层数改成 2、头数改成 1：最好的头出现在哪一层？",
+       "## Exercises\n\n1. The two heads do not score the same. Draw the better head's heatmap "
+       "at step 0 and at the last step (`result.snapshots[k, 0, head]`): which cell of an "
+       "answer row lights up?\n2. Set `digits` to 3 (more repeats): how does the uniform score "
+       "change? Why does the detector count every copy?\n3. Train reverse with `attnlab "
+       "train reverse`: does the next-output definition still fit? Where should a reversing "
+       "head look (hint: by position, not by value)?\n4. Use 2 layers of 1 head: in which "
+       "layer is the best head?"),
+)
+
+
 def check_cell(name: str, *, solution: bool) -> str:
     if solution:  # the solution notebook proves its answer passes
         return (f"result = exercises.check(\"{name}\", {name}, lang=LANG)\n"

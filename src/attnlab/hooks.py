@@ -96,17 +96,19 @@ class Hookable(Protocol):
 
 
 class HookSite:
-    """The hooks of one module while attached: local name -> functions, in order.
+    """The hooks of one module while attached: local name -> (fn, full name) pairs, in
+    the order attached.
 
     ``site(local, value)`` runs them on ``value`` and returns what the forward
-    continues from. ``prefix`` is the module's full name with a trailing dot ("" for
-    the model itself).
+    continues from. Each function is called with the name it was attached under (an
+    inner attachment rooted at a submodule names its points from there). ``prefix`` is
+    the module's full name with a trailing dot in the latest attachment ("" for its root).
     """
 
-    __slots__ = ("prefix", "fns")
+    __slots__ = ("fns", "prefix")
 
-    def __init__(self, prefix: str, fns: dict[str, tuple[HookFn, ...]]):
-        self.prefix, self.fns = prefix, fns
+    def __init__(self, fns: dict[str, tuple[tuple[HookFn, str], ...]], prefix: str = ""):
+        self.fns, self.prefix = fns, prefix
 
     def wants(self, local: str) -> bool:
         """Whether a function is attached to the point ``local`` of this module."""
@@ -116,8 +118,7 @@ class HookSite:
         fns = self.fns.get(local)
         if not fns:
             return value
-        name = self.prefix + local
-        for fn in fns:
+        for fn, name in fns:
             replaced = fn(value, name)
             if replaced is not None:
                 if getattr(replaced, "shape", None) != getattr(value, "shape", None):
@@ -256,9 +257,9 @@ def attached(model: Any, hooks: Sequence[tuple[str | Callable[[str], bool], Hook
             for local in locals_:
                 extra = added.get(prefix + local)
                 if extra:
-                    fns[local] = fns.get(local, ()) + tuple(extra)
+                    fns[local] = fns.get(local, ()) + tuple((fn, prefix + local) for fn in extra)
             saved.append((module, outer))
-            module.hook_site = HookSite(prefix, fns) if fns else None
+            module.hook_site = HookSite(fns, prefix) if fns else None
         yield model
     finally:
         for module, outer in reversed(saved):

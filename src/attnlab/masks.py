@@ -91,7 +91,8 @@ def window_mask(
     p - left ≤ j ≤ p + right, -1 = unbounded on that side; ``is_causal`` also
     cuts at j ≤ p. An int W keeps attnlab's meaning: with ``is_causal`` the W most
     recent keys, itself included, i.e. (W - 1, 0); without, W odd and (W - 1) / 2
-    keys on each side. See the README's table for other libraries' conventions.
+    keys on each side. The documentation's page "What the kernel can express"
+    (docs/kernel.md) maps other libraries' conventions onto these.
 
     >>> window_mask(4, window=(1, 0)).astype(int)
     array([[1, 0, 0, 0],

@@ -40,9 +40,7 @@ Language = Literal["en", "zh"]
 #: key -> (English template, Chinese template).
 MESSAGES: dict[str, tuple[str, str]] = {
     # ---- phrases used as parameters of other messages
-    "phrase.empty_string": ("an empty string", "空字符串"),
     "phrase.seed": ("an int seed >= 0", "≥ 0 的整数种子"),
-    "phrase.some_text": ("some text", "一段文本"),
     "phrase.int": ("int", "整数"),
     "phrase.float": ("float", "数字"),
     "phrase.error": ("error: {text}", "错误：{text}"),
@@ -173,7 +171,6 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "cli.number_at_least_0": ("{flag}: expected a number >= 0, got {got}", "{flag}：需要 ≥ 0 的数，实际得到 {got}"),
     "cli.approx_exact_at": ("exact attention at T = {T}", "T = {T} 时的精确注意力"),
     "cli.approx_dense_at": ("dense attention at T = {T}", "T = {T} 时的稠密注意力"),
-    "cli.pair_empty": ("--pair: expected some text, got an empty string", "--pair：需要一段文本，实际得到空字符串"),
     # ---- attnlab verify (attnlab.hf.verify's report)
     "verify.no_model": ("MODEL_DIR: expected a model folder with config.json, got {got}", "MODEL_DIR：需要一个含 config.json 的模型文件夹，实际得到 {got}"),
     "verify.unreadable": ("MODEL_DIR: transformers could not read {path}: {detail}", "MODEL_DIR：transformers 无法读取 {path}：{detail}"),
@@ -207,8 +204,19 @@ MESSAGES: dict[str, tuple[str, str]] = {
                        "训练在第 {step} 步发散（{what}）；最后一个有限的损失是第 {last_step} 步的 {last_loss}；请用更小的 --lr（本次为 {lr}）；metrics.json 已写入 {path}"),
     "train.diverged_nowhere": ("training diverged at step {step} ({what}), before any finite loss; try a smaller --lr (it was {lr}); metrics.json written to {path}",
                                "训练在第 {step} 步发散（{what}），此前没有任何有限的损失；请用更小的 --lr（本次为 {lr}）；metrics.json 已写入 {path}"),
+    "train.next_output_weights": ("weights: expected (B, L, H, T, T) attention weights, got shape {shape}", "weights：需要形状为 (B, L, H, T, T) 的注意力权重，实际形状 {shape}"),
+    "train.next_output_rows": ("inputs, targets: expected shape {expected} each, got {inputs} and {targets}", "inputs、targets：各需要形状 {expected}，实际得到 {inputs} 和 {targets}"),
+    "train.next_output_prompt": ("prompt_len: expected at most T = {T}, got {got}", "prompt_len：最多为 T = {T}，实际得到 {got}"),
+    "train.next_output_unscored": ("targets: expected at least one scored position (not IGNORE), got none", "targets：至少需要一个计分位置（不是 IGNORE），实际一个也没有"),
+    "train.best_next_output": ("best next-output head (weight on the prompt digit emitted next): layer {layer} head {head}, score {score} (uniform attention scores about {uniform})",
+                               "最佳“下一个输出”头（对下一个要输出的提示数字的权重）：第 {layer} 层第 {head} 个头，得分 {score}（均匀注意力约为 {uniform}）"),
+    "train.generic_not_applicable": ("previous-token, duplicate-token and induction scores do not apply to {task} and are not shown (they stay in metrics.json)",
+                                     "前一个词、重复词和归纳得分不适用于 {task} 任务，这里不显示（仍写在 metrics.json 中）"),
     "train.loss_nonfinite": ("the loss became {loss}", "损失变为 {loss}"),
     "train.weights_nonfinite": ("the update made the weights inf or NaN", "这一步更新使权重变为 inf 或 NaN"),
+    "train.d_model_heads": ("d_model: expected a multiple of num_heads = {heads} (or pass head_dim), got {got}", "d_model：需要是 num_heads = {heads} 的倍数（或者给出 head_dim），实际得到 {got}"),
+    "train.rope_even": ("head_dim: RoPE rotates pairs, expected an even D, got {got}", "head_dim：RoPE 成对旋转特征，需要偶数的 D，实际得到 {got}"),
+    "train.finite_positive": ("{name}: expected a finite number > 0, got {got}", "{name}：需要 > 0 的有限数，实际得到 {got}"),
     "train.needs_torch": ("attnlab train needs PyTorch, which is not installed. Install it with: pip install 'attnlab[torch]'",
                           "attnlab train 需要 PyTorch，但它没有安装。请用 pip install 'attnlab[torch]' 安装"),
     # ---- models

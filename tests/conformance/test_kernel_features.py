@@ -414,7 +414,7 @@ def test_bad_options_are_named(kwargs, message):
         at.scaled_dot_product_attention(*(torch.tensor(a) for a in (q, k, v)), **kwargs)
 
 
-# ------------------------------------------------------------ the README's window table
+# ------------------------------------------------------------ the window table of docs/kernel.md
 # Each row: the peer's own mask, built as its code builds it, against attnlab's setting;
 # then attention with attnlab's window against attention with the peer's mask.
 
@@ -448,7 +448,7 @@ def mistral_reference(T, W):  # one_file_ref.py: triu(tril(ones, 0), -sliding_wi
     return np.triu(np.tril(np.ones((T, T), dtype=bool), 0), -W)
 
 
-README_ROWS = [
+WINDOW_ROWS = [
     ("hf current", lambda T, S: hf_current(T, S, 4), dict(window=4, is_causal=True)),
     ("hf current as a pair", lambda T, S: hf_current(T, S, 4),
      dict(window=(3, 0), is_causal=True)),
@@ -467,8 +467,8 @@ README_ROWS = [
 
 
 @pytest.mark.parametrize("T,S", [(12, 12), (7, 15)])
-@pytest.mark.parametrize("name,peer_mask,options", README_ROWS, ids=[r[0] for r in README_ROWS])
-def test_readme_window_table(name, peer_mask, options, T, S):
+@pytest.mark.parametrize("name,peer_mask,options", WINDOW_ROWS, ids=[r[0] for r in WINDOW_ROWS])
+def test_window_table(name, peer_mask, options, T, S):
     peer = peer_mask(T, S)
     ours = window_mask(T, S, **options)
     assert np.array_equal(ours, peer), f"{name}: attnlab's {options} is not the peer's mask"

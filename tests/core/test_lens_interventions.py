@@ -12,7 +12,7 @@ from tests.support.tiny_bert import tiny_bert
 
 from attnlab.errors import AttnlabError
 from attnlab.lens.ablation import ablate, head_means
-from attnlab.lens.hooks import HookedLayer, hooked
+from attnlab.lens.hooks import hooked
 from attnlab.lens.patching import patch, patch_sweep, path_patch, token_cosine
 from attnlab.lens.runs import record, sentence_embeddings
 from attnlab.nn.layers import EncoderBlock
@@ -85,8 +85,13 @@ def _stack_block(**attn_options):
 
 
 class Stack:
+    hook_site = None
+
     def __init__(self, blocks):
         self.layers = blocks
+
+    def hook_points(self):
+        return [(f"blocks.{i}", block) for i, block in enumerate(self.layers)]
 
     def forward(self, x, recorder=None):
         for block in self.layers:
@@ -124,27 +129,29 @@ def test_hooks_are_removed_even_after_an_exception_and_nest() -> None:
     own = model.layers
     with pytest.raises(RuntimeError, match="inside"):
         with hooked(model, heads=lambda layer, h: None):
-            assert all(isinstance(layer, HookedLayer) for layer in model.layers)
+            assert all(layer.attn.hook_site is not None for layer in model.layers)
             raise RuntimeError("inside")
     assert model.layers is own
+    assert all(layer.attn.hook_site is None for layer in model.layers)
     calls = []
     with hooked(model, heads=lambda layer, h: calls.append(("outer", layer))):
         with hooked(model, heads=lambda layer, h: calls.append(("inner", layer))):
             model.forward(CLEAN)
-        assert len(model.layers) == 3 and all(isinstance(b, HookedLayer) for b in model.layers)
-    assert model.layers is own
+        assert all(b.attn.hook_site is not None for b in model.layers)
+    assert model.layers is own and all(b.attn.hook_site is None for b in model.layers)
     assert calls[:2] == [("outer", 0), ("inner", 0)] and len(calls) == 6
 
 
 def test_hook_errors() -> None:
     model = tiny_bert()
-    with pytest.raises(AttnlabError, match="heads hook: expected an array of shape"):
+    with pytest.raises(AttnlabError, match=r"hook blocks\.0\.attn\.hook_z: expected None or "
+                                           r"a replacement of shape"):
         with hooked(model, heads=lambda layer, h: h[:, :1]):
             model.forward(CLEAN)
     with pytest.raises(AttnlabError, match="heads: expected a function"):
         with hooked(model, heads=3):
             pass
-    with pytest.raises(AttnlabError, match="model: expected a model with a non-empty"):
+    with pytest.raises(AttnlabError, match="model: expected a model with hook points"):
         with hooked(object()):
             pass
 

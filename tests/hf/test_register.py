@@ -213,6 +213,27 @@ def test_static_cache_prefill_is_top_left_aligned(arch):
         model = tm.load(arch, implementation)
         cache = StaticCache(config=model.config, max_cache_len=T + 8)
         with torch.no_grad():
-            logits[implementation] = model(**inputs, past_key_values=cache,
+            logits[implementation] = model(**inputs, cache=cache,
                                            use_cache=True).logits
     torch.testing.assert_close(logits["attnlab"], logits["sdpa"], atol=2e-5, rtol=0)
+
+
+def test_triton_reads_transformers_masks_back_as_key_padding():
+    """The triton backend's mask reading (CPU-testable; the kernels need CUDA): a padded
+    causal mask and a padded encoder mask become (key padding, causal); a sliding window
+    is refused by name."""
+    from attnlab.hf.attention import _as_key_padding
+
+    B, T = 2, 5
+    real = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], dtype=torch.bool)  # left padding
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    padded_causal = real[:, None, None, :] & causal  # (B, 1, T, S) as sdpa_mask builds it
+    key_padding, is_causal = _as_key_padding(padded_causal, T, T)
+    assert torch.equal(key_padding, real) and is_causal
+    encoder = real[:, None, None, :].expand(B, 1, T, T)
+    key_padding, is_causal = _as_key_padding(encoder, T, T)
+    assert torch.equal(key_padding, real) and not is_causal
+    window = padded_causal & torch.ones(T, T, dtype=torch.bool).triu(-1)  # 2 most recent
+    with pytest.raises(AttnlabError, match=r"attention_mask: backend='triton' takes key "
+                                           r"padding"):
+        _as_key_padding(window, T, T)

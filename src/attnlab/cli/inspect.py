@@ -52,7 +52,9 @@ def add_parser(sub: Any) -> None:
                    "attnlab's own attention, others through transformers' eager attention "
                    "(default: the packaged MiniLM)")
     p.add_argument("--pair", metavar="TEXT",
-                   help="a second sentence (sentence B): the page gets A/B filters")
+                   help="a second sentence (sentence B), run with TEXT as one sentence pair "
+                   "([CLS] A [SEP] B [SEP], token types 0 then 1); for Hugging Face models "
+                   "the page gets A/B filters")
     p.add_argument("--generate", type=int, metavar="N", default=0,
                    help="decoders: generate N tokens greedily after TEXT; the page shows the "
                    "prompt and generated tokens apart and a step slider over the KV cache")
@@ -108,7 +110,10 @@ def run(args: argparse.Namespace) -> int:
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads
     layers = select_indices(args.layer, L, "--layer")
     heads = select_indices(args.head, H, "--head")
-    trace = model.run(text, keep=("weights",), layers=layers, heads=heads)
+    pair = None if args.pair is None else text_argument(args.pair, "--pair")
+    if pair is not None and not pair.strip():
+        raise CliError(msg("cli.text_empty", flag="--pair"))
+    trace = model.run(text, text_pair=pair, keep=("weights",), layers=layers, heads=heads)
     weights = trace.attention()  # (len(layers), len(heads), T, T)
     tokens = trace.tokens
 

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from ..errors import MissingExtraError
-from ..messages import msg
+from ..messages import msg, render
 from .args import CliError, prepare_out_dir
 
 TASKS = ("sort", "reverse", "copy", "induction", "modadd")
@@ -189,14 +189,19 @@ def run(args: argparse.Namespace) -> int:
     title = (f"{task.name}: {model_config.num_layers} 层 × {model_config.num_heads} 头" if zh
              else f"{task.name}: {model_config.num_layers} layers × "
              f"{model_config.num_heads} heads")
-    figure = plot_training(result.losses, result.snapshot_steps, result.head_history,
+    from ..train.trainer import GENERIC_DETECTORS_APPLY, TASK_DETECTORS
+
+    # the plot and the page show the detectors that describe this task (all in metrics.json)
+    shown = {name: history for name, history in result.head_history.items()
+             if task.name in GENERIC_DETECTORS_APPLY or name in TASK_DETECTORS.get(task.name, ())}
+    figure = plot_training(result.losses, result.snapshot_steps, shown,
                            phase_change_step=result.phase_change_step(),
                            heldout_loss=result.heldout_loss, title=title,
                            lang=args.lang)
     written.append(save_figure(figure, out / "training.png"))
     labels = [task.labels[int(t)] for t in result.snapshot_tokens]
     page = training_html(result.snapshots, result.snapshot_steps, labels,
-                         head_history=result.head_history, heldout_loss=result.heldout_loss,
+                         head_history=shown, heldout_loss=result.heldout_loss,
                          period=task.period, title=title, lang=args.lang)
     path = out / "view.html"
     path.write_text(page, encoding="utf-8")
@@ -240,7 +245,21 @@ def _summary(metrics: dict[str, Any], zh: bool) -> str:
     names = {"previous_token": ("前一个词", "previous-token"),
              "duplicate_token": ("重复词", "duplicate-token"), "induction": ("归纳", "induction")}
     L = len(metrics["head_scores"]["induction"])
+    from ..train.trainer import GENERIC_DETECTORS_APPLY
+
+    lang = "zh" if zh else "en"
+    if "next_output" in metrics["head_scores"]:
+        layer, head, score = _best(metrics["head_scores"]["next_output"], range(L))
+        uniform = metrics.get("next_output_uniform")
+        lines.append(render("train.best_next_output", lang, layer=layer, head=head,
+                            score=f"{score:.3f}",
+                            uniform="–" if uniform is None else f"{uniform:.3f}"))
     for name, scores in metrics["head_scores"].items():
+        if name == "next_output":
+            continue
+        if metrics["task"] not in GENERIC_DETECTORS_APPLY:
+            lines.append(render("train.generic_not_applicable", lang, task=metrics["task"]))
+            break
         layers = range(1, L) if name == "induction" and L > 1 else range(L)
         layer, head, score = _best(scores, layers)
         zh_name, en_name = names[name]

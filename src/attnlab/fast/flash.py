@@ -482,30 +482,34 @@ def _backward_rows(
     dout_blk = dout[..., q0:q1, :]  # (..., bq, Dv)
     scale_rows = row_scale[..., q0:q1, :]  # (..., bq, 1)
     high = lse_high[..., q0:q1, :]  # (..., bq, 1)
-    kept: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray | None]] = []
+    kept: list[tuple[slice, int, int, np.ndarray, np.ndarray, np.ndarray | None]] = []
     used = 0  # of the buffers, in elements
     weighted = np.zeros((*dout_blk.shape[:-1], 2), dtype=dtype)  # (..., bq, 2) [Σ P' dP, Σ P']
     for k0 in range(0, k_t.shape[-1], block_k):
         k1 = min(k0 + block_k, k_t.shape[-1])
-        blocked = tiles.blocked(q0, q1, k0, k1, None)
-        if blocked is SKIP:
+        tile_blocked = tiles.blocked(q0, q1, k0, k1, None)
+        if tile_blocked is SKIP:
             continue
-        tile_shape = (*dout_blk.shape[:-1], k1 - k0)  # (..., bq, bk)
-        start, used = used, used + math.prod(tile_shape)
-        weights = np.matmul(q_scores, k_t[..., k0:k1],
-                            out=buffers[0][start:used].reshape(tile_shape))  # scores
-        cap_slope = tiles.cap(weights, slope=True)  # (..., bq, bk) 1 - tanh², or None
-        tiles.add_bias(weights, q0, q1, k0, k1)
-        if blocked is not None:
-            np.copyto(weights, -np.inf, where=blocked)
-        with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should be
-            weights -= high
-        units.exp(weights, out=weights)  # (..., bq, bk) P', recomputed
-        dscores = np.matmul(dout_blk, v_t[..., k0:k1],
-                            out=buffers[1][start:used].reshape(tile_shape))  # (..., bq, bk) dP
-        weighted[..., 0] += np.einsum("...ij,...ij->...i", weights, dscores)  # (..., bq)
-        weighted[..., 1] += weights.sum(axis=-1)  # (..., bq)
-        kept.append((k0, k1, weights, dscores, cap_slope))
+        # On the edge of the causal band or window, pieces of rows over the keys they
+        # reach, as in the forward (Tiles.pieces).
+        for r0, r1, c0, c1, blocked in tiles.pieces(q0, q1, k0, k1, tile_blocked):
+            rows = slice(r0 - q0, r1 - q0)
+            tile_shape = (*dout_blk.shape[:-2], r1 - r0, c1 - c0)  # (..., bq, bk)
+            start, used = used, used + math.prod(tile_shape)
+            weights = np.matmul(q_scores[..., rows, :], k_t[..., c0:c1],
+                                out=buffers[0][start:used].reshape(tile_shape))  # scores
+            cap_slope = tiles.cap(weights, slope=True)  # (..., bq, bk) 1 - tanh², or None
+            tiles.add_bias(weights, r0, r1, c0, c1)
+            if blocked is not None:
+                np.copyto(weights, -np.inf, where=blocked)
+            with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should be
+                weights -= high[..., rows, :]
+            units.exp(weights, out=weights)  # (..., bq, bk) P', recomputed
+            dscores = np.matmul(dout_blk[..., rows, :], v_t[..., c0:c1],
+                                out=buffers[1][start:used].reshape(tile_shape))  # dP
+            weighted[..., rows, 0] += np.einsum("...ij,...ij->...i", weights, dscores)
+            weighted[..., rows, 1] += weights.sum(axis=-1)  # (..., bq)
+            kept.append((rows, c0, c1, weights, dscores, cap_slope))
     # δ = Σ_S P ⊙ dP / Σ_S P, from the very P and dP tiles used below. FlashAttention-2
     # takes δ = rowsum(dout ⊙ out) instead, equal in exact arithmetic, but it carries
     # the forward's rounding of ``out``, independent of the dP it is subtracted from:
@@ -521,14 +525,16 @@ def _backward_rows(
     dout_scaled = dout_blk * scale_rows  # (..., bq, Dv): P'ᵀ (row_scale · dout) = Pᵀ dout
     q_scaled = q[..., q0:q1, :] * scale_rows  # (..., bq, D): dz'ᵀ (row_scale · q) = dzᵀ q
     dq_rows = np.zeros((*dout_blk.shape[:-1], q.shape[-1]), dtype=dtype)  # (..., bq, D)
-    for k0, k1, weights, dscores, cap_slope in kept:
-        dv[..., k0:k1, :] += np.matmul(np.swapaxes(weights, -1, -2), dout_scaled)  # (..., bk, Dv)
-        dscores -= row_delta
+    for rows, c0, c1, weights, dscores, cap_slope in kept:
+        dv[..., c0:c1, :] += np.matmul(np.swapaxes(weights, -1, -2),
+                                       dout_scaled[..., rows, :])  # (..., bk, Dv)
+        dscores -= row_delta[..., rows, :]
         dscores *= weights  # (..., bq, bk) dz' = dz / row_scale
         if cap_slope is not None:
             dscores *= cap_slope  # (..., bq, bk) through c·tanh(s / c)
-        dq_rows += np.matmul(dscores, k[..., k0:k1, :])  # (..., bq, D)
-        dk[..., k0:k1, :] += np.matmul(np.swapaxes(dscores, -1, -2), q_scaled)  # (..., bk, D)
+        dq_rows[..., rows, :] += np.matmul(dscores, k[..., c0:c1, :])  # (..., bq, D)
+        dk[..., c0:c1, :] += np.matmul(np.swapaxes(dscores, -1, -2),
+                                       q_scaled[..., rows, :])  # (..., bk, D)
     np.multiply(dq_rows, scale_rows, out=dq[..., q0:q1, :])
 
 

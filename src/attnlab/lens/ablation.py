@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import AttnlabError, shape_str
-from .hooks import check_model, hooked
+from .hooks import check_model, hooked, to_numpy
 from .runs import record
 
 __all__ = ["ablate", "check_heads", "head_means"]
@@ -39,8 +39,8 @@ Ablation = Literal["zero", "mean"]
 
 def check_heads(model: Any, heads: Any, name: str = "heads") -> list[tuple[int, int]]:
     """``heads`` as a list of (layer, head) pairs, 0-based and in range."""
-    layers = check_model(model)
-    L, H = len(layers), layers[0].attn.num_heads
+    shape = check_model(model)
+    L, H = shape.layers, shape.heads
     try:
         pairs = [(int(layer), int(head)) for layer, head in heads]
         exact = all(float(a) == x and float(b) == y and not isinstance(a, (bool, np.bool_))
@@ -78,9 +78,8 @@ def ablate(
     pairs = check_heads(model, heads)
     if how not in ("zero", "mean"):
         raise AttnlabError(f"how: expected 'zero' or 'mean', got {how!r}")
-    layers = check_model(model)
-    L, H = len(layers), layers[0].attn.num_heads
-    Dv = layers[0].attn.value_head_dim
+    shape = check_model(model)
+    L, H, Dv = shape.layers, shape.heads, shape.value_head_dim
     means = None
     if how == "mean":
         if reference is None:
@@ -91,6 +90,11 @@ def ablate(
                 raise AttnlabError(f"reference: expected head means of shape ({L}, {H}, {Dv}) "
                                    f"(L, H, Dv), got {shape_str(reference.shape)}")
             means = reference
+        elif hasattr(reference, "detach") and reference.is_floating_point():
+            means = to_numpy(reference)
+            if means.shape != (L, H, Dv):
+                raise AttnlabError(f"reference: expected head means of shape ({L}, {H}, {Dv}) "
+                                   f"(L, H, Dv), got {shape_str(means.shape)}")
         else:
             means = head_means(model, reference)
     elif reference is not None:

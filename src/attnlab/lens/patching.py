@@ -45,7 +45,7 @@ import numpy as np
 from ..errors import AttnlabError
 from ..messages import msg
 from .ablation import check_heads
-from .hooks import check_model, hooked
+from .hooks import check_model, forward, hooked
 from .runs import Activations, record, sentence_embeddings
 
 __all__ = ["Metric", "embedding_cosine", "patch", "patch_sweep", "path_patch", "token_cosine"]
@@ -116,7 +116,7 @@ def _positions(positions: Any, T: int) -> np.ndarray:
 
 def _run(model: Any, run: Activations, heads: Any = None, residual: Any = None) -> np.ndarray:
     with hooked(model, heads=heads, residual=residual):
-        return model.forward(run.ids, run.real)  # (1, T, E)
+        return forward(model, run.ids, run.real)  # (1, T, E)
 
 
 def patch(
@@ -160,7 +160,7 @@ def _patch(model: Any, clean_run: Activations, corrupted_run: Activations, heads
 
         hidden = _run(model, corrupted_run, heads=patch_heads)
     else:
-        L = len(check_model(model))
+        L = check_model(model).layers
         chosen = _layer_list(layers, L)
 
         def patch_residual(layer: int, x: np.ndarray) -> np.ndarray | None:
@@ -197,8 +197,8 @@ def patch_sweep(
     position -> (L, T) (``positions`` must then be None).
     """
     clean_run, corrupted_run = _runs(model, clean, corrupted)
-    layers = check_model(model)
-    L, H, T = len(layers), layers[0].attn.num_heads, clean_run.ids.shape[1]
+    shape = check_model(model)
+    L, H, T = shape.layers, shape.heads, clean_run.ids.shape[1]
     if site == "heads":
         table = np.zeros((L, H))  # (L, H)
         for layer in range(L):

@@ -1,9 +1,10 @@
 """Running a BERT-like model on texts or token ids for the lenses, and reading what
 every head and every block produced on the way.
 
-A model here is a :class:`attnlab.models.BertModel`, or any object with the same
-``forward(input_ids, attention_mask) -> (B, T, E)`` and a ``layers`` list of attnlab
-blocks; texts need its ``tokenize``. Inputs are a text, a list of texts, or integer
+A model here is a :class:`attnlab.models.BertModel` or :class:`attnlab.torch.models.BertModel`
+(or any model with the same ``forward(input_ids, attention_mask) -> (B, T, E)`` and hook
+points ``blocks.{l}.attn.hook_z``); texts need its ``tokenize``. Results are NumPy arrays
+for both. Inputs are a text, a list of texts, or integer
 token ids (T,) or (B, T) (then every token is real).
 
 Dimension legend: B batch, L layers, H heads, T tokens, Dv value head dim, E width.
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError, shape_str
-from .hooks import check_model, hooked
+from .hooks import check_model, forward, hooked, to_numpy
 
 __all__ = ["Activations", "encode_inputs", "mean_pool", "record", "sentence_embeddings"]
 
@@ -31,8 +32,8 @@ def encode_inputs(model: Any, inputs: Any, name: str = "inputs") -> tuple[np.nda
             raise AttnlabError(f"{name}: texts need a model with a tokenizer; pass token ids "
                                f"(B, T) instead")
         ids, real, _ = model.tokenize([inputs] if isinstance(inputs, str) else list(inputs))
-        return ids, real
-    ids = np.asarray(inputs)
+        return to_numpy(ids).astype(np.int64), to_numpy(real).astype(np.int64)
+    ids = to_numpy(inputs)
     if ids.ndim == 1:
         ids = ids[None]  # (1, T)
     if ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
@@ -80,5 +81,5 @@ def record(model: Any, inputs: Any, name: str = "inputs") -> Activations:
         residual.append(values.copy())
 
     with hooked(model, heads=keep_heads, residual=keep_residual):
-        hidden = model.forward(ids, real)  # (B, T, E)
+        hidden = forward(model, ids, real)  # (B, T, E)
     return Activations(heads, residual, hidden, ids, real)

@@ -306,15 +306,46 @@ class BertModel:
         pooled[real] = np.add.reduceat(hidden, cu[:-1][real], axis=0)  # (b', E) row sums
         return pooled / np.maximum(lengths, 1)[:, None].astype(np.float32)  # (b, E)
 
+    def encode_pair(self, text: str, text_pair: str | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """One text, or a sentence pair, as the model reads it: ids (1, T), token-type
+        ids (1, T) (0 for ``[CLS] text [SEP]``, 1 for ``text_pair [SEP]``) and tokens.
+
+        A literal ``[SEP]`` inside ``text`` (``"A [SEP] B"``, with no ``text_pair``)
+        is read as the pair ("A", "B"), token types and all: the tokenizer would
+        otherwise make it the separator token with every type 0, which no pair
+        trained model ever saw. More than one is refused.
+        """
+        if not isinstance(text, str):
+            raise AttnlabError(f"text: expected a string, got {type(text).__name__}")
+        sep = "[SEP]"
+        if text_pair is None and sep in text and self.tokenizer.token_to_id(sep) is not None:
+            if text.count(sep) > 1:
+                raise AttnlabError(f"text: expected at most one {sep} (a sentence pair), got "
+                                   f"{text.count(sep)}; pass the second text as text_pair=")
+            first, _, second = text.partition(sep)
+            text, text_pair = first.strip(), second.strip()
+        if text_pair is not None and not isinstance(text_pair, str):
+            raise AttnlabError(f"text_pair: expected a string or None, got "
+                               f"{type(text_pair).__name__}")
+        encoding = (self.tokenizer.encode(check_text(text, "text")) if text_pair is None else
+                    self.tokenizer.encode(check_text(text, "text"),
+                                          check_text(text_pair, "text_pair")))
+        ids = np.array([encoding.ids], dtype=np.int64)  # (1, T)
+        types = np.array([encoding.type_ids], dtype=np.int64)  # (1, T)
+        return ids, types, list(encoding.tokens)
+
     def run(
         self,
         text: str,
         *,
+        text_pair: str | None = None,
         keep: str | tuple[str, ...] = ("weights",),
         layers: list[int] | None = None,
         heads: list[int] | None = None,
     ) -> Trace:
-        """Trace one text through the model: per-layer, per-head steps.
+        """Trace one text (or the sentence pair ``text``, ``text_pair``, with their
+        token types; see :meth:`encode_pair`) through the model: per-layer, per-head steps.
 
         ``keep`` chooses the intermediates ("Q", "K", "V", "scores", "scaled",
         "weights", "output", "X", "projected", or "all"); ``layers``/``heads``
@@ -327,16 +358,18 @@ class BertModel:
             if chosen is not None and any(not 0 <= i < count for i in chosen):
                 raise AttnlabError(f"{name}: expected indices in 0..{count - 1}, got {chosen}")
         recorder = Recorder(keep, layers=layers, heads=heads)
-        ids, real, tokens = self.tokenize([text])
-        hidden = self.forward(ids, real, recorder=recorder)  # (1, T, E)
+        ids, types, tokens = self.encode_pair(text, text_pair)
+        hidden = self.forward(ids, None, types, recorder=recorder)  # (1, T, E)
         meta = {"model": self.name, "layers": self.config.num_hidden_layers,
-                "heads": self.config.num_attention_heads, "T": len(tokens[0]),
+                "heads": self.config.num_attention_heads, "T": len(tokens),
                 "hidden": hidden[0]}
-        return Trace(steps=recorder.steps, tokens=tokens[0], meta=meta)
+        return Trace(steps=recorder.steps, tokens=tokens, meta=meta)
 
-    def attentions(self, text: str) -> tuple[np.ndarray, list[str]]:
-        """Attention weights of every layer and head (L, H, T, T), and the tokens."""
-        trace = self.run(text)
+    def attentions(self, text: str, *, text_pair: str | None = None
+                   ) -> tuple[np.ndarray, list[str]]:
+        """Attention weights of every layer and head (L, H, T, T), and the tokens, of a
+        text or of the sentence pair (``text``, ``text_pair``)."""
+        trace = self.run(text, text_pair=text_pair)
         return trace.attention(), trace.tokens
 
 

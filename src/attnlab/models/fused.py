@@ -25,12 +25,17 @@ __all__ = ["fusable", "fused_encoder", "fused_encoder_packed", "softmax_by_block
 
 
 def fusable(block: EncoderBlock) -> bool:
-    """Whether :func:`fused_encoder` computes exactly this block (as BertModel builds them)."""
+    """Whether :func:`fused_encoder` computes exactly this block (as BertModel builds them):
+    post-LN, exact GELU, float32, no RoPE / ALiBi / GQA, dropout off, and the
+    :class:`EncoderBlock` forward itself (a subclass that changes it computes something
+    else). Hook points are not here: :class:`attnlab.models.BertModel` also leaves the
+    fused path when a hook is attached, or when its ``fused`` option is False."""
     attn, ffn = block.attn, block.ffn
     arrays = (attn.Wq, attn.Wk, attn.Wv, attn.Wo, attn.bq, attn.bk, attn.bv, attn.bo,
               ffn.W1, ffn.b1, ffn.W2, ffn.b2,
               block.norm1.gamma, block.norm1.beta, block.norm2.gamma, block.norm2.beta)
-    return (type(block) is EncoderBlock and block.norm == "post"
+    return (isinstance(block, EncoderBlock) and type(block).forward is EncoderBlock.forward
+            and block.norm == "post"
             and not (block.dropout.training and block.dropout.p > 0)
             and attn.rope is None and not attn.alibi and attn.num_kv_heads == attn.num_heads
             and attn.head_dim == attn.value_head_dim and ffn.activation == "gelu"

@@ -36,7 +36,7 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
-from ..hooks import HookSite
+from ..hooks import HookFn, HookSite, attached
 from ..init import as_rng, init_weight
 from ..kernel import (
     abs_max,
@@ -425,6 +425,13 @@ class MultiHeadAttention:
         allowed and bias broadcastable to (B, H, T, S) -> out (B, T, E_out), weights
         (B, H, T, S). No checks but the scores' overflow bound (O(T·D), read from q and k).
         """
+        if recorder is not None:  # recording is reading the hook points
+            recorder.add("X", x, "X (this layer's input)")
+            with attached(self, self._recording_hooks(recorder)):
+                out, weights = self.forward(x, context, allowed, bias, value=value,
+                                            softcap=softcap)
+            recorder.add("projected", out, "out = concat(heads)·Wo + bo")
+            return out, weights
         site = self.hook_site  # None unless hooks are attached (attnlab.hooks)
         q, k, v = self.project(x, context, value)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
         if site is not None:
@@ -467,27 +474,35 @@ class MultiHeadAttention:
                 out = out + self.bo
         else:
             out = linear(merge_heads(heads), self.Wo, self.bo)  # (B, T, E_out)
-        if recorder is not None:
-            self._record(recorder, x, q, k, v, weights, heads, out)
         return out, weights
 
-    def _record(
-        self, recorder: Recorder, x: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-        weights: np.ndarray, heads: np.ndarray, out: np.ndarray,
-    ) -> None:
-        """Hand the intermediates to the recorder (k, v already expanded for GQA)."""
-        recorder.add("X", x, "X (this layer's input)")
-        recorder.add_heads("Q", q, "Q = X·Wq + bq")
-        recorder.add_heads("K", k, "K = X·Wk + bk")
-        recorder.add_heads("V", v, "V = X·Wv + bv")
-        if recorder.wants("scores") or recorder.wants("scaled"):
-            scores = q @ np.swapaxes(k, -1, -2)  # (B, H, T, S)
-            recorder.add_heads("scores", scores, "scores = Q·Kᵀ")
-            recorder.add_heads("scaled", scores / np.sqrt(self.head_dim),
-                               f"scaled = scores / √{self.head_dim}")
-        recorder.add_heads("weights", weights, "weights = softmax(scaled + mask, axis=-1)")
-        recorder.add_heads("output", heads, "output = weights·V")
-        recorder.add("projected", out, "out = concat(heads)·Wo + bo")
+    def _recording_hooks(self, recorder: Recorder) -> list[tuple[str, HookFn]]:
+        """Hooks that hand the intermediates to ``recorder``, in its order (Q and K after
+        RoPE, K and V repeated for GQA, as the heads read them)."""
+        seen: dict[str, np.ndarray] = {}
+        rotated = self.rope is not None
+
+        def keep(value: np.ndarray, name: str) -> None:
+            seen[name] = value
+
+        def emit(weights: np.ndarray, name: str) -> None:
+            q = seen["hook_rot_q" if rotated else "hook_q"]
+            k = self.expand_kv(seen["hook_rot_k" if rotated else "hook_k"])  # (B, H, S, D)
+            recorder.add_heads("Q", q, "Q = X·Wq + bq")
+            recorder.add_heads("K", k, "K = X·Wk + bk")
+            recorder.add_heads("V", self.expand_kv(seen["hook_v"]), "V = X·Wv + bv")
+            if recorder.wants("scores") or recorder.wants("scaled"):
+                scores = q @ np.swapaxes(k, -1, -2)  # (B, H, T, S)
+                recorder.add_heads("scores", scores, "scores = Q·Kᵀ")
+                recorder.add_heads("scaled", scores / np.sqrt(self.head_dim),
+                                   f"scaled = scores / √{self.head_dim}")
+            recorder.add_heads("weights", weights, "weights = softmax(scaled + mask, axis=-1)")
+
+        def output(heads: np.ndarray, name: str) -> None:
+            recorder.add_heads("output", heads, "output = weights·V")
+
+        kept = ["hook_q", "hook_k", "hook_v"] + (["hook_rot_q", "hook_rot_k"] if rotated else [])
+        return [*((n, keep) for n in kept), ("hook_pattern", emit), ("hook_z", output)]
 
 
 def linear(

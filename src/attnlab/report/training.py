@@ -52,7 +52,7 @@ TRAINING_WORDS: dict[str, dict[str, Any]] = {
         "loss": "loss", "training_loss": "training loss", "score": "score (best head)",
         "phase_change": "largest change", "layer_n": "layer {n}",
         "detectors": {"previous_token": "previous token", "duplicate_token": "duplicate token",
-                      "induction": "induction"},
+                      "induction": "induction", "next_output": "next output"},
     },
     "zh": {
         "title": "训练中的注意力", "step": "步", "play": "播放", "pause": "暂停",
@@ -63,7 +63,7 @@ TRAINING_WORDS: dict[str, dict[str, Any]] = {
         "loss": "损失", "training_loss": "训练损失", "score": "得分（最佳的头）",
         "phase_change": "变化最大处", "layer_n": "第 {n} 层",
         "detectors": {"previous_token": "前一个词", "duplicate_token": "重复词",
-                      "induction": "归纳"},
+                      "induction": "归纳", "next_output": "下一个输出"},
     },
 }
 
@@ -133,7 +133,8 @@ def _draw(fig: Figure, words: dict[str, Any], loss: np.ndarray, steps: list[int]
         ax_loss.set_yscale("log")  # only when it spans decades: sort's loss falls to ~1e-4
     ax_loss.set_xlabel(words["step"])
     ax_loss.set_ylabel(words["loss"])
-    colours = {"previous_token": "#4e9a06", "duplicate_token": "#c4a000", "induction": "#cc0000"}
+    colours = {"next_output": "#3465a4", "previous_token": "#4e9a06",
+               "duplicate_token": "#c4a000", "induction": "#cc0000"}
     styles = ["-", "--", ":", "-."]
     for name, values in history.items():
         for layer in range(values.shape[1]):

@@ -22,11 +22,10 @@ the input checks at each module's boundary) is what is timed. The parts::
     layernorm     the block's two LayerNorm calls                             [rest]
     residual      the block's code between them: the residual adds            [rest]
 
-A :class:`~attnlab.trace.Recorder` that keeps nothing is passed to ``forward``: a
-model asked to record runs its blocks one by one (the hook points are in them)
-instead of its fused encoder. :func:`measure` also times the plain ``forward``
-(fused where the model has a fused path), interleaved with the hooked one, so the
-report shows both. :func:`profile` limits BLAS to ``threads`` threads while it
+The profiled copy of the model has ``fused = False``: it runs its blocks one by one
+(where the timers are) instead of its fused encoder. :func:`measure` also times the
+plain ``forward`` (fused where the model has a fused path), interleaved with the timed
+one, so the report shows both. :func:`profile` limits BLAS to ``threads`` threads while it
 measures (:func:`attnlab.studies.measure.limit_threads`).
 """
 
@@ -45,7 +44,6 @@ from ..errors import AttnlabError, check_positive_int
 from ..models import BertConfig, BertModel
 from ..nn.layers import EncoderBlock
 from ..report.figures import new_figure
-from ..trace import Recorder
 from .flops import (
     GROUPS,
     PARTS,
@@ -237,7 +235,7 @@ def profiled_forward(
 
     Shapes: input_ids int (B, T), attention_mask (B, T) with 1 = real token -> (B, T, E).
     The model's own ``forward`` runs (its checks, its mask, its loop over the blocks);
-    a Recorder keeping nothing makes it run the blocks rather than a fused encoder.
+    ``fused = False`` on the timed copy makes it run the blocks rather than a fused encoder.
     """
     for index, layer in enumerate(model.layers):
         if layer.training:
@@ -247,8 +245,9 @@ def profiled_forward(
     hooked = copy.copy(model)
     hooked.layers = [timed_block(layer, clock) for layer in model.layers]
     hooked.embed = _Timed(model.embed, "embeddings", clock, "embeddings")  # type: ignore[method-assign]
+    hooked.fused = False
     clock.start()
-    hidden = hooked.forward(input_ids, attention_mask, recorder=Recorder(keep=()))
+    hidden = hooked.forward(input_ids, attention_mask)
     clock.lap("residual")
     return hidden
 

@@ -25,6 +25,7 @@ from .trainer import (
     TrainResult,
     ablation_check,
     evaluate,
+    next_output_scores,
     snapshot_steps,
     train,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "ablation_check",
     "defaults_for",
     "evaluate",
+    "next_output_scores",
     "snapshot_steps",
     "train",
 ]

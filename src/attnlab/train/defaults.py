@@ -1,5 +1,6 @@
 """The settings ``attnlab train TASK`` starts from, per task, chosen by measurement on a
-2-core CPU (the README gives the commands and the numbers):
+2-core CPU (docs/training.md and docs/measurements.md give the commands and the
+numbers):
 
 - sort, reverse, copy: 2 layers, 4 heads, E = 64, learned positions, 1000 steps of
   64 examples at lr 3e-3 (100 warm-up steps). Sort reaches exact match on all 5000

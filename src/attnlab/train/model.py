@@ -19,8 +19,9 @@ two cancel; for D a power of 4 (16, 64, 256) both factors are powers of two and
 cancel exactly.
 
 Heads can be ablated during evaluation (:meth:`Decoder.ablate`): a head's output
-(its slice of the concatenated heads, before the output projection) is replaced by
-zeros or by its mean over a reference batch.
+(``blocks.{l}.attn.hook_z``, before the output projection) is replaced by zeros or by
+its mean over a reference batch. Every intermediate is a named hook point
+(:mod:`attnlab.hooks`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 from torch import nn
 
 from ..errors import AttnlabError, check_flag, check_positive_int
-from ..hooks import HookSite
+from ..hooks import HookSite, attached
 from ..messages import msg
 from ..torch import LayerNorm, MultiHeadAttention, PositionalEncoding
 
@@ -81,10 +82,9 @@ class ModelConfig:
         if self.norm not in ("pre", "post"):
             raise AttnlabError(f"norm: expected 'pre' or 'post', got {self.norm!r}")
         if self.head_dim is None and self.d_model % self.num_heads:
-            raise AttnlabError(f"d_model: expected a multiple of num_heads = {self.num_heads} "
-                               f"(or pass head_dim), got {self.d_model}")
+            raise AttnlabError(msg("train.d_model_heads", heads=self.num_heads, got=self.d_model))
         if self.positions == "rope" and self.D % 2:
-            raise AttnlabError(f"head_dim: RoPE rotates pairs, expected an even D, got {self.D}")
+            raise AttnlabError(msg("train.rope_even", got=self.D))
 
     @property
     def D(self) -> int:
@@ -95,7 +95,7 @@ class ModelConfig:
 
 
 class Block(nn.Module):
-    """One decoder block (see the module doc); records or ablates its heads when asked."""
+    """One decoder block (see the module doc), with attnlab's hook point names."""
 
     def __init__(self, config: ModelConfig, generator: torch.Generator) -> None:
         super().__init__()
@@ -118,24 +118,6 @@ class Block(nn.Module):
         if not config.scale:  # cancel MultiHeadAttention's 1/√D (see the module doc)
             root = math.sqrt(D)
             self.attn.q_proj.register_forward_hook(lambda _m, _i, out: out * root)
-        # Ablation: {head: replacement (Dv,) or None for zeros}; recording: the mean output.
-        self.ablated: dict[int, torch.Tensor | None] = {}
-        self.recording = False
-        self.head_means: torch.Tensor | None = None  # (H, Dv)
-        self.attn.out_proj.register_forward_pre_hook(self._heads_hook)
-
-    def _heads_hook(self, _module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
-        merged = inputs[0]  # (B, T, H*Dv): the heads' outputs, side by side
-        if self.recording:
-            lead = merged.shape[:-1]
-            per_head = merged.detach().reshape(*lead, self.num_heads, -1)  # (B, T, H, Dv)
-            self.head_means = per_head.reshape(-1, *per_head.shape[-2:]).mean(dim=0)
-        if not self.ablated:
-            return None
-        heads = merged.reshape(*merged.shape[:-1], self.num_heads, -1).clone()  # (B, T, H, Dv)
-        for head, value in self.ablated.items():
-            heads[..., head, :] = 0.0 if value is None else value
-        return (heads.reshape(merged.shape),)
 
     hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
 
@@ -291,20 +273,30 @@ class Decoder(nn.Module):
         if mode == "mean":
             if reference is None:
                 raise AttnlabError("reference: mean ablation needs a (B, T) batch of ids")
-            for block in self.layers:
-                block.recording = True
-            try:
-                with torch.no_grad():
-                    self(reference)
-            finally:
-                for block in self.layers:
-                    block.recording = False
-            means = [block.head_means for block in self.layers]
-        try:
-            for layer, head in pairs:
-                mean = means[layer]
-                self.layers[layer].ablated[head] = None if mean is None else mean[head]
+
+            def keep_mean(z: torch.Tensor, hook: str) -> None:
+                layer = int(hook.split(".")[1])
+                means[layer] = z.detach().mean(dim=(0, 2))  # (H, Dv) over batch and positions
+
+            with torch.no_grad(), attached(self, [(_is_head_output, keep_mean)]):
+                self(reference)
+        by_layer: dict[int, list[int]] = {}
+        for layer, head in pairs:
+            by_layer.setdefault(layer, []).append(head)
+
+        def replace(z: torch.Tensor, hook: str) -> torch.Tensor | None:
+            layer = int(hook.split(".")[1])
+            if layer not in by_layer:
+                return None
+            z = z.clone()  # (B, H, T, Dv)
+            mean = means[layer]
+            for head in by_layer[layer]:
+                z[:, head] = 0.0 if mean is None else mean[head]
+            return z
+
+        with attached(self, [(_is_head_output, replace)]):
             yield
-        finally:
-            for block in self.layers:
-                block.ablated.clear()
+
+
+def _is_head_output(name: str) -> bool:
+    return name.startswith("blocks.") and name.endswith(".attn.hook_z")

@@ -31,13 +31,59 @@ import torch.nn.functional as F
 
 from ..errors import AttnlabError, check_positive_int
 from ..lens.heads import DETECTORS, all_head_scores
+from ..messages import msg
 from ..tasks import IGNORE, Task
 from .model import AblationMode, Decoder, ModelConfig
 
 __all__ = ["TrainConfig", "TrainResult", "Evaluation", "train", "evaluate", "snapshot_steps",
-           "ablation_check", "INDUCTION_HEAD_SCORE"]
+           "ablation_check", "next_output_scores", "INDUCTION_HEAD_SCORE", "TASK_DETECTORS",
+           "GENERIC_DETECTORS_APPLY"]
 
 StepCallback = Callable[[int, int, float], None]
+
+#: The detectors written for one task, recorded beside the generic ones of
+#: :mod:`attnlab.lens.heads`.
+TASK_DETECTORS: dict[str, tuple[str, ...]] = {"sort": ("next_output",)}
+
+#: The tasks on which the generic detectors (previous-token, duplicate-token,
+#: induction) describe what a head is for. On sort they describe nothing: a head
+#: that sorts looks up the next digit to emit wherever it sits in the prompt.
+GENERIC_DETECTORS_APPLY: frozenset[str] = frozenset({"induction", "copy", "reverse", "modadd"})
+
+
+def next_output_scores(
+    weights: Any, inputs: Any, targets: Any, prompt_len: int
+) -> np.ndarray:
+    """How much each head attends to the next output: (B, L, H, T, T) -> (L, H).
+
+    At a scored position t (``targets[b, t] != IGNORE``) the model is about to emit
+    ``targets[b, t]``. The head's score there is the weight it puts on the prompt
+    positions j < ``prompt_len`` whose token is that value (all copies of it, when
+    the digit repeats), and the score is the mean over every scored position of
+    every example. A head that looks exactly at the next output scores 1; one that
+    spreads its weight evenly over the t + 1 positions it may see (causal) scores
+    the mean of count / (t + 1), count being how often the value is in the prompt.
+
+    On sort, ``prompt_len`` is ``task.answer_start + 1`` (the unsorted digits).
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    ids, tgt = np.asarray(inputs), np.asarray(targets)
+    if w.ndim != 5 or w.shape[-1] != w.shape[-2]:
+        raise AttnlabError(msg("train.next_output_weights", shape=w.shape))
+    B, _, _, T, _ = w.shape
+    if ids.shape != (B, T) or tgt.shape != (B, T):
+        raise AttnlabError(msg("train.next_output_rows", expected=(B, T), inputs=ids.shape,
+                               targets=tgt.shape))
+    prompt_len = check_positive_int(prompt_len, "prompt_len")
+    if prompt_len > T:
+        raise AttnlabError(msg("train.next_output_prompt", T=T, got=prompt_len))
+    scored = tgt != IGNORE  # (B, T)
+    if not scored.any():
+        raise AttnlabError(msg("train.next_output_unscored"))
+    # match[b, t, j]: the prompt token at j is the value emitted after position t
+    match = (ids[:, None, :prompt_len] == tgt[:, :, None]) & scored[:, :, None]  # (B, T, P)
+    on_next = np.einsum("blhtj,btj->blht", w[..., :prompt_len], match.astype(np.float64))
+    return on_next.sum(axis=(0, 3)) / scored.sum()  # (L, H)
 
 
 @dataclass(frozen=True)
@@ -65,7 +111,7 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
-                raise AttnlabError(f"{name}: expected a finite number > 0, got {value!r}")
+                raise AttnlabError(msg("train.finite_positive", name=name, got=repr(value)))
         if self.grad_clip is not None and not (
                 isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
             raise AttnlabError(f"grad_clip: expected a number > 0 or None, got {self.grad_clip!r}")
@@ -125,6 +171,17 @@ class TrainResult:
         """Every detector's (L, H) scores at the last snapshot."""
         return {name: history[-1] for name, history in self.head_history.items()}
 
+    def next_output_uniform(self) -> float:
+        """The next-output score of a head that attends evenly to every position it may
+        see (causal), on the snapshot batch: the baseline a trained head should beat."""
+        B = min(self.config.snapshot_batch, len(self.task.heldout_inputs))
+        T = self.task.seq_len
+        causal = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]  # (T, T)
+        uniform = np.broadcast_to(causal, (B, 1, 1, T, T))
+        return float(next_output_scores(uniform, self.task.heldout_inputs[:B],
+                                        self.task.heldout_targets[:B],
+                                        self.task.answer_start + 1)[0, 0])
+
     def phase_change_step(self) -> int | None:
         """The snapshot step where the best head's induction score rose the most (for the
         induction task), else where the held-out loss fell the most; None with < 2 snapshots."""
@@ -174,6 +231,8 @@ class TrainResult:
             "head_scores": {name: history.tolist() for name, history in
                             self.head_history.items()},
         }
+        if "next_output" in self.head_history:
+            out["next_output_uniform"] = self.next_output_uniform()
         out["phase_change_step"] = self.phase_change_step()
         return out
 
@@ -235,7 +294,8 @@ def train(
     exclude_bos = task.name == "induction"
     taken: list[int] = []
     frames: list[np.ndarray] = []
-    history: dict[str, list[np.ndarray]] = {name: [] for name in DETECTORS}
+    task_detectors = TASK_DETECTORS.get(task.name, ())
+    history: dict[str, list[np.ndarray]] = {name: [] for name in (*task_detectors, *DETECTORS)}
     heldout_loss: list[float] = []
 
     def snapshot(step: int) -> bool:
@@ -254,6 +314,10 @@ def train(
         for name, scores in all_head_scores(w, task.heldout_inputs[: len(w)],
                                             exclude_bos=exclude_bos).items():
             history[name].append(scores)
+        if "next_output" in task_detectors:
+            history["next_output"].append(next_output_scores(
+                w, task.heldout_inputs[: len(w)], snap_targets.numpy()[: len(w)],
+                task.answer_start + 1))
         taken.append(step)
         return True
 

@@ -9,9 +9,9 @@ NumPy :class:`attnlab.models.BertModel`, which it equals.
 
 Attention is :class:`attnlab.torch.MultiHeadAttention`, LayerNorm
 :class:`attnlab.torch.LayerNorm`; the module is an ordinary ``nn.Module``: move it with
-``.to(device)``, fine-tune it with any optimizer. Attention weights are what each
-layer's ``self_attn`` returns: :meth:`BertModel.capture_attention` (or a forward hook
-of your own on ``layers[i].self_attn`` inside it) receives them.
+``.to(device)``, fine-tune it with any optimizer. Every intermediate is a named hook
+point (:mod:`attnlab.hooks`, the NumPy model's names): :meth:`BertModel.capture_attention`
+reads the attention weights at ``blocks.{l}.attn.hook_pattern``.
 
 Dimension legend: B batch, L layers, H heads, T tokens, E hidden width, F intermediate
 width.
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ...errors import AttnlabError, ShapeError, check_text, shape_str
-from ...hooks import HookSite
+from ...hooks import HookSite, attached
 from ...models import bert as np_bert
 from ...models import loading as np_loading
 from ...models.config import ACTIVATION, BertConfig
@@ -44,18 +44,14 @@ _ACTIVATIONS = {"gelu": lambda: nn.GELU(), "gelu_tanh": lambda: nn.GELU(approxim
 
 
 class BertLayer(nn.Module):
-    """One post-LN encoder block: x (B, T, E) -> (B, T, E).
-
-    ``return_weights`` (set by :meth:`BertModel.capture_attention`) makes ``self_attn``
-    return its per-head weights (B, H, T, T), where forward hooks on it can take them.
-    """
+    """One post-LN encoder block: x (B, T, E) -> (B, T, E), with the hook points of the
+    NumPy :class:`attnlab.EncoderBlock` (see :mod:`attnlab.hooks`)."""
 
     def __init__(self, attn: MultiHeadAttention, norm1: LayerNorm, ffn: nn.Sequential,
                  norm2: LayerNorm, dropout: float) -> None:
         super().__init__()
         self.self_attn, self.norm1, self.ffn, self.norm2 = attn, norm1, ffn, norm2
         self.dropout = nn.Dropout(dropout)
-        self.return_weights = False
 
     hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
 
@@ -68,13 +64,11 @@ class BertLayer(nn.Module):
     def forward(self, x: torch.Tensor, key_padding: torch.Tensor | None = None) -> torch.Tensor:
         site = self.hook_site
         if site is None:
-            attended, _ = self.self_attn(x, x, x, key_padding=key_padding,
-                                         return_weights=self.return_weights)  # (B, T, E)
+            attended, _ = self.self_attn(x, x, x, key_padding=key_padding)  # (B, T, E)
             h = self.norm1(x + self.dropout(attended))  # (B, T, E)
             return self.norm2(h + self.dropout(self.ffn(h)))  # (B, T, E)
         x = site("hook_resid_pre", x)  # (B, T, E)
-        attended, _ = self.self_attn(x, x, x, key_padding=key_padding,
-                                     return_weights=self.return_weights)  # (B, T, E)
+        attended, _ = self.self_attn(x, x, x, key_padding=key_padding)  # (B, T, E)
         attended = site("hook_attn_out", attended)
         h = site("hook_resid_mid", self.norm1(x + self.dropout(attended)))  # (B, T, E)
         pre = site("mlp.hook_pre", self.ffn[0](h))  # (B, T, F)
@@ -274,8 +268,8 @@ class BertModel(nn.Module):
     @contextmanager
     def capture_attention(self) -> Iterator[list[torch.Tensor]]:
         """Collect each layer's attention weights (B, H, T, T) during the ``with`` block,
-        by a forward hook on every ``self_attn`` (removed when the block ends, normally
-        or by an exception). One entry per layer per forward call.
+        read at the hook points ``blocks.{l}.attn.hook_pattern`` (removed when the block
+        ends, normally or by an exception). One entry per layer per forward call.
 
         >>> with model.capture_attention() as weights:          # doctest: +SKIP
         ...     model(ids, real)
@@ -284,19 +278,11 @@ class BertModel(nn.Module):
         """
         captured: list[torch.Tensor] = []
 
-        def keep(module: nn.Module, args: Any, output: Any) -> None:
-            captured.append(output[1])  # (B, H, T, T)
+        def keep(pattern: torch.Tensor, name: str) -> None:
+            captured.append(pattern)  # (B, H, T, T)
 
-        handles = [layer.self_attn.register_forward_hook(keep) for layer in self.blocks()]
-        for layer in self.blocks():
-            layer.return_weights = True
-        try:
+        with attached(self, [(lambda name: name.endswith(".attn.hook_pattern"), keep)]):
             yield captured
-        finally:
-            for handle in handles:
-                handle.remove()
-            for layer in self.blocks():
-                layer.return_weights = False
 
     def blocks(self) -> list[BertLayer]:
         """The encoder layers, typed (``self.layers`` is their ``nn.ModuleList``)."""
