@@ -61,7 +61,7 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("lens", "--pair"): "另一段文本：重要性和消融改为测量 cos(TEXT, OTHER)",
     ("lens", "--study"): "在随包提供的中英文句子对上做完整的研究",
     ("lens", "--how"): "消融方式：置零，或换成每个头的平均输出（默认 zero）",
-    ("lens", "--model"): "一个 BERT 文件夹（config.json、model.safetensors、tokenizer.json），代替随包提供的 MiniLM",
+    ("lens", "--model"): "一个 BERT 文件夹（config.json、model.safetensors、tokenizer.json），代替随包提供的 MiniLM；或任意 Hugging Face 解码器文件夹：通过 attnlab 的钩子点做头消融、重要性、logit lens 和头检测",
     ("lens", "--out"): "输出文件夹（默认 attnlab-lens/）",
     ("lens", "--lang"): "输出语言",
     ("train", ""): "在合成任务上训练一个小解码器，观察注意力头如何形成",

@@ -13,6 +13,7 @@ shipped pairs. Prints the ablation table. Layers and heads are numbered from 1 h
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
@@ -40,9 +41,11 @@ def add_parser(sub: Any) -> None:
                    help="the whole study over the shipped English and Chinese sentence pairs")
     p.add_argument("--how", choices=["zero", "mean"], default="zero",
                    help="ablate by zeros or by each head's mean output (default zero)")
-    p.add_argument("--model", metavar="DIR",
+    p.add_argument("--model", metavar="PATH",
                    help="a BERT directory (config.json, model.safetensors, tokenizer.json) "
-                   "instead of the packaged MiniLM")
+                   "instead of the packaged MiniLM, or any Hugging Face decoder folder: "
+                   "head ablation, importance, logit lens and detectors through attnlab's "
+                   "hook points")
     p.add_argument("--out", metavar="DIR", default="attnlab-lens",
                    help="where to write the files (default attnlab-lens/)")
     p.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the output")
@@ -67,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     from ..report.lens_figures import plot_head_table, plot_rollout
     from ..studies.heads import analyse_text, run_head_study
 
+    if args.model is not None and not _is_bert_folder(args.model):
+        from .lens_hf import run_transformers_lens
+
+        return run_transformers_lens(args, table_text)
     zh = args.lang == "zh"
     if args.study == (args.text is not None):
         raise CliError(msg("cli.text_or_study" if args.study else "cli.text_needed"))
@@ -124,6 +131,17 @@ def run(args: argparse.Namespace) -> int:
     for path in written:
         print(f"{label} {path}", file=sys.stderr)
     return 0
+
+
+def _is_bert_folder(path: str) -> bool:
+    """A local folder whose config says BERT runs on attnlab's own BERT (lens of
+    attnlab.lens); any other model through transformers and attnlab.hf's hook points."""
+    config = os.path.join(path, "config.json")
+    try:
+        with open(config, encoding="utf-8") as handle:
+            return bool(json.load(handle).get("model_type") == "bert")
+    except (OSError, ValueError):
+        return not os.path.exists(path) and path.startswith((".", "/", "~"))
 
 
 def _print_study(study: Any, lang: str) -> None:

@@ -91,13 +91,15 @@ class HFRun:
 
 
 def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | None = None,
-            label: str | None = None) -> HFModel:
+            label: str | None = None, attn_implementation: str = "eager") -> HFModel:
     """A local Hugging Face folder (or hub name) as an :class:`HFModel`, float32, eval mode.
 
     Decoders (``*ForCausalLM`` architectures, or ``is_decoder``) load with their LM head;
     encoders without one. The tokenizer is the folder's own. A hub name that cannot be
     reached raises one :class:`~attnlab.errors.AttnlabError` line. ``label`` names the
-    model in messages and titles (default: the folder's name).
+    model in messages and titles (default: the folder's name). ``attn_implementation``:
+    "eager" (the reader's default) or "attnlab" (after :func:`attnlab.hf.register`, for
+    the hook points of :mod:`attnlab.lens.hf_lens`).
     """
     if not isinstance(name, (str, os.PathLike)) or not str(name).strip():
         raise AttnlabError(f"model: expected a Hugging Face folder or hub name, got {name!r}")
@@ -119,7 +121,7 @@ def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | Non
         is_decoder = bool(getattr(config, "is_decoder", False)) or any(
             a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
         auto = transformers.AutoModelForCausalLM if is_decoder else transformers.AutoModel
-        model = auto.from_pretrained(source, attn_implementation="eager",
+        model = auto.from_pretrained(source, attn_implementation=attn_implementation,
                                      trust_remote_code=trust_remote_code,
                                      dtype="float32")
     except (OSError, ValueError, KeyError) as exc:
