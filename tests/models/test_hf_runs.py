@@ -17,8 +17,11 @@ import torch
 import transformers
 from tests.support.hf_folders import gpt2_folder, llama_folder
 
+import attnlab.hf
 from attnlab.errors import AttnlabError
 from attnlab.lens.hf_runs import load_hf, run_hf
+
+attnlab.hf.register()  # load_hf's default attn_implementation="attnlab"
 
 TEXT = "The cat sat on the mat because it was warm."
 
@@ -39,9 +42,14 @@ def test_weights_are_eagers_output_attentions_and_q_k_give_them(folders, kind) -
     with torch.no_grad():
         reference = eager(input_ids=ids, output_attentions=True)
     expected = np.stack([a[0].double().numpy() for a in reference.attentions])
-    # The same eager function on the same float32 inputs: equal to the last bit.
-    np.testing.assert_array_equal(run.weights, expected)
-    np.testing.assert_array_equal(run.logits, reference.logits[0].double().numpy())
+    # hook_pattern is attnlab's softmax of attnlab's scores, eager's is transformers' own:
+    # the same float32 inputs through two float32 kernels (other op order, float32
+    # rounding ~6e-8 per op on weights in [0, 1]; 3e-8 measured): 1e-6.
+    np.testing.assert_allclose(run.weights, expected, rtol=0, atol=1e-6)
+    # The logits carry that rounding through 2 layers and the unembedding (|logits| < 1
+    # on these random models; 1.8e-7 measured): 1e-6.
+    np.testing.assert_allclose(run.logits, reference.logits[0].double().numpy(), rtol=0,
+                               atol=1e-6)
     L, H, T, _ = run.weights.shape
     assert run.is_causal and run.prompt_length == T
     # scores = q · kᵀ · scale with −inf above the diagonal, softmax: the recorded q and k
@@ -101,13 +109,22 @@ def test_generated_tokens_are_generates_under_the_default_attention(folders, kin
     assert run.ids.tolist() == out[0].tolist()
     assert run.prompt_length == prompt.shape[1] and len(run.generated) == 6
     assert run.weights.shape[2] == prompt.shape[1] + 6
-    assert hf.model.config._attn_implementation == "eager"  # the reader put it back
+    assert hf.model.config._attn_implementation == "attnlab"  # read at its hook points
 
 
 def test_pairs_carry_their_sentences(folders) -> None:
     run = run_hf(load_hf(str(folders["llama"])), "The cat sat.", pair="It was warm.")
     split = run.tokens.index("[SEP]") + 1  # [CLS] A [SEP] | B [SEP]
     assert run.segments == [0] * split + [1] * (len(run.tokens) - split)
+
+
+def test_a_model_off_attnlabs_attention_is_refused_not_misread(folders) -> None:
+    hf = load_hf(str(folders["llama"]), attn_implementation="eager")
+    with pytest.raises(AttnlabError, match="attn_implementation='eager'.*attnlab.hf.register"):
+        run_hf(hf, TEXT)
+    with pytest.raises(AttnlabError, match="attn_implementation: expected 'eager', 'sdpa' or "
+                       "a name registered"):
+        load_hf(str(folders["llama"]), attn_implementation="no-such-attention")
 
 
 def test_bad_requests_are_one_clear_error(folders, tmp_path) -> None:

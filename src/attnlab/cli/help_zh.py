@@ -70,7 +70,7 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("inspect", "text"): "要运行的文本（默认是 Google 2017 年 Transformer 博客和《The Illustrated Transformer》里的例句 “The animal didn't cross the street because it was too tired.”，--lang zh 时是 “天上有月，水中也有月。”）",
     ("inspect", "--layer"): "只看这些层（从 1 开始编号）",
     ("inspect", "--head"): "只看这些头（从 1 开始编号）",
-    ("inspect", "--model"): "一个 Hugging Face 模型文件夹（或能连上 Hub 时的模型名），编码器或解码器都可以，使用它自己的分词器；BERT 文件夹用 attnlab 自己的注意力运行，其他模型通过 transformers 的 eager 注意力运行（默认：随包提供的 MiniLM）",
+    ("inspect", "--model"): "一个 Hugging Face 模型文件夹（或能连上 Hub 时的模型名），编码器或解码器都可以，使用它自己的分词器；BERT 文件夹用 attnlab 自己的注意力运行，其他模型通过 transformers 在 attnlab 注册的注意力上运行，从其钩子点读取（默认：随包提供的 MiniLM）",
     ("inspect", "--pair"): "第二个句子（句子 B），与 TEXT 作为一个句子对运行（[CLS] A [SEP] B [SEP]，词元类型先 0 后 1）；Hugging Face 模型的页面上会有 A/B 过滤",
     ("inspect", "--generate"): "仅限解码器：在 TEXT 之后贪心生成 N 个词元；页面把提示词与生成的词元区分开，并有一个随 KV 缓存增长的步骤滑块",
     ("inspect", "--trust-remote-code"): "允许 transformers 运行模型文件夹里附带的代码（默认从不运行）",

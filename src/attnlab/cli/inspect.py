@@ -49,7 +49,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model", metavar="PATH",
                    help="a Hugging Face folder (or a hub name, where the hub can be reached), "
                    "encoder or decoder, with its own tokenizer; BERT folders run on "
-                   "attnlab's own attention, others through transformers' eager attention "
+                   "attnlab's own attention, others through transformers on attnlab's "
+                   "registered attention, read at its hook points "
                    "(default: the packaged MiniLM)")
     p.add_argument("--pair", metavar="TEXT",
                    help="a second sentence (sentence B), run with TEXT as one sentence pair "

@@ -4,12 +4,13 @@
     attnlab inspect --model ./my-gpt2 "The cat sat." --pair "It was warm." --find "cat->sat"
 
 The model runs with its own tokenizer through transformers, its attention read by
-:mod:`attnlab.lens.hf_runs` (the model's own eager attention, q, k and value norms
-recorded beside it). The outputs are those of MiniLM's inspect (grid.png, head.png,
-view.html, diagnostics.json and the printed tables); the page adds what a decoder
-needs: hatched not-allowed cells, prompt and generated tokens apart with a step slider,
-grouped heads (GQA), the neuron view and the norms view. Code in the model folder never
-runs unless --trust-remote-code is given.
+:mod:`attnlab.lens.hf_runs` (the model on attnlab's registered attention, its hook
+points q, k, v and the pattern read with ``run_with_cache``). The outputs are those
+of MiniLM's inspect (grid.png, head.png, view.html, diagnostics.json and the printed
+tables); the page adds what a decoder needs: hatched not-allowed cells, prompt and
+generated tokens apart with a step slider, grouped heads (GQA), the neuron view and
+the norms view. Code in the model folder never runs unless --trust-remote-code is
+given.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .args import CliError, prepare_out_dir, text_argument
 
 
 def run_transformers(args: argparse.Namespace) -> int:
+    from .. import hf as attnlab_hf
     from ..errors import AttnlabError
     from ..lens.find import parse_link
     from ..lens.hf_runs import load_hf, run_hf
@@ -55,6 +57,7 @@ def run_transformers(args: argparse.Namespace) -> int:
             raise CliError(exc.message or str(exc)) from None
     out = prepare_out_dir(args.out)
     _quiet_transformers()
+    attnlab_hf.register()  # attn_implementation="attnlab": the hook points run_hf reads
     try:
         hf = load_hf(args.model if args.model is not None else str(minilm_path()),
                      trust_remote_code=args.trust_remote_code, max_length=args.max_length,

@@ -36,7 +36,8 @@ from typing import Any
 
 from ..errors import AttnlabError
 
-__all__ = ["ATTENTION_POINTS", "LAYER_POINTS", "MLP_SIDE", "install", "is_hf_model"]
+__all__ = ["ATTENTION_POINTS", "LAYER_POINTS", "MLP_SIDE", "attention_modules", "install",
+           "is_hf_model"]
 
 ATTENTION_POINTS = ["hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"]
 LAYER_POINTS = ["hook_resid_pre", "hook_resid_mid", "hook_resid_post"]
@@ -77,6 +78,17 @@ def install(model: Any) -> Any:
     model.hook_points = children.copy
     model._attnlab_hook_layers = len(layers)
     return model
+
+
+def attention_modules(model: Any) -> list[Any]:
+    """Each layer's attention module (the one whose ``attn`` points are
+    ``blocks.{l}.attn.*``), in layer order; installs the hook points if needed."""
+    install(model)
+    modules = []
+    for _, layer in model.hook_points():
+        modules += [child for child in layer.hook_points()
+                    if isinstance(child, tuple) and child[0] == "attn"]
+    return [module for _, module in modules]
 
 
 def check_attention_implementation(model: Any, names: list[str]) -> None:

@@ -6,21 +6,23 @@ reached) with the model's own tokenizer, never running code from the folder unle
 greedily generated tokens) and returns an :class:`HFRun`: the tokens and, for every
 layer, what each head computed:
 
-- ``weights`` (L, H, T, S): the attention weights, exactly what eager's
-  ``output_attentions`` gives (the model's own eager function computes them);
-- ``q`` (L, H, T, D), ``k`` (L, Hkv, S, D) and ``scales`` (L,): the queries and keys
-  the weights came from (after RoPE, where there is RoPE), so that
+- ``weights`` (L, H, T, S): the attention weights (``hook_pattern``), what eager's
+  ``output_attentions`` gives up to float32 rounding;
+- ``q`` (L, H, T, D), ``k`` (L, Hkv, S, D) (``hook_q``, ``hook_k``) and ``scales`` (L,)
+  (the attention module's ``scaling``, which transformers passes to the attention
+  function; 1/√D where a module has none): the queries and keys the weights came
+  from (after RoPE, where there is RoPE), so that
   ``scores = q · kᵀ · scales[l]`` (+ −inf where not allowed) and ``weights = softmax(scores)``;
-- ``value_norms`` (L, H, S): ‖v_j W_O^h‖ for each key j, so that ‖α_ij v_j W_O^h‖ =
-  α_ij · value_norms[l, h, j] (Kobayashi et al. 2020).
+- ``value_norms`` (L, H, S): ‖v_j W_O^h‖ for each key j (v from ``hook_v``), so
+  that ‖α_ij v_j W_O^h‖ = α_ij · value_norms[l, h, j] (Kobayashi et al. 2020).
 
-How the reading is done: an attention function registered with transformers'
-``AttentionInterface`` (with the eager mask function beside it in
-``AttentionMaskInterface``, or transformers would pass no mask) records the query, key
-and value it is given and calls the model's own ``eager_attention_forward``: nothing of
-the model's computation is re-implemented. When attnlab's hook points reach Hugging
-Face models (``blocks.{l}.attn.hook_q`` …), this reader becomes a ``run_with_cache``
-over those names.
+How the reading is done: the model runs on attnlab's attention implementation
+(``attn_implementation="attnlab"``, registered by :func:`attnlab.hf.register`) and
+:func:`attnlab.lens.run_with_cache` reads its hook points ``blocks.{l}.attn.hook_q``,
+``hook_k``, ``hook_v`` and ``hook_pattern`` (:mod:`attnlab.lens.hf_points`): the one
+hook system, nothing recorded on the side and nothing of the model re-implemented.
+The weights are attnlab's plain-path softmax of the scores, which equals transformers'
+eager ``output_attentions`` to float32 rounding (tests/models/test_hf_runs.py).
 
 (B, H, T, S) legend: B batch, H query heads, Hkv key/value heads, T query length, S key
 length, D head dim, E model width.
@@ -29,9 +31,7 @@ length, D head dim, E model width.
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,11 +40,13 @@ import numpy as np
 
 from ..errors import AttnlabError
 from ..messages import msg
+from .cache import run_with_cache
+from .hf_points import attention_modules
 
-__all__ = ["HFModel", "HFRun", "RECORDER", "load_hf", "output_projection", "record", "run_hf"]
+__all__ = ["HFModel", "HFRun", "load_hf", "output_projection", "run_hf"]
 
-#: The name of the recording attention function in transformers' registries.
-RECORDER = "attnlab_record"
+#: The attention points :func:`run_hf` reads, per layer.
+READ_POINTS = ("hook_q", "hook_k", "hook_v", "hook_pattern")
 
 
 @dataclass
@@ -91,15 +93,16 @@ class HFRun:
 
 
 def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | None = None,
-            label: str | None = None, attn_implementation: str = "eager") -> HFModel:
+            label: str | None = None, attn_implementation: str = "attnlab") -> HFModel:
     """A local Hugging Face folder (or hub name) as an :class:`HFModel`, float32, eval mode.
 
     Decoders (``*ForCausalLM`` architectures, or ``is_decoder``) load with their LM head;
     encoders without one. The tokenizer is the folder's own. A hub name that cannot be
     reached raises one :class:`~attnlab.errors.AttnlabError` line. ``label`` names the
     model in messages and titles (default: the folder's name). ``attn_implementation``:
-    "eager" (the reader's default) or "attnlab" (after :func:`attnlab.hf.register`, for
-    the hook points of :mod:`attnlab.lens.hf_lens`).
+    "attnlab" (the default, registered by :func:`attnlab.hf.register` beforehand: the
+    hook points that :func:`run_hf` and :mod:`attnlab.lens.hf_lens` read) or any of
+    transformers' own ("eager", "sdpa"; no attention hook points then).
     """
     if not isinstance(name, (str, os.PathLike)) or not str(name).strip():
         raise AttnlabError(f"model: expected a Hugging Face folder or hub name, got {name!r}")
@@ -108,6 +111,12 @@ def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | Non
     except ImportError:
         raise AttnlabError("model: reading Hugging Face models needs transformers "
                            "(pip install 'attnlab[hf]')") from None
+    if (attn_implementation not in ("eager", "sdpa")
+            and attn_implementation not in transformers.AttentionInterface._global_mapping):
+        raise AttnlabError(
+            f"attn_implementation: expected 'eager', 'sdpa' or a name registered with "
+            f"transformers (call attnlab.hf.register() for 'attnlab'), got "
+            f"{attn_implementation!r}")
     source = str(name)
     local = Path(source).is_dir()
     if not local and (Path(source).exists() or source.startswith((".", "/", "~"))):
@@ -138,60 +147,6 @@ def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | Non
                    is_decoder=is_decoder)
 
 
-@dataclass
-class _Call:
-    module: Any
-    query: Any  # (B, H, T, D)
-    key: Any  # (B, Hkv, S, D)
-    value: Any  # (B, Hkv, S, Dv)
-    scale: float
-
-
-_calls: list[_Call] | None = None
-
-
-def _recording_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-                         *args: Any, **kwargs: Any) -> Any:
-    """Records (query, key, value) and calls the model's own eager attention."""
-    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-    if eager is None:
-        raise AttnlabError(f"model: {type(module).__name__} has no eager_attention_forward "
-                           "to read its weights from")
-    scaling = kwargs.get("scaling")
-    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-    if _calls is not None:
-        _calls.append(_Call(module, query.detach(), key.detach(), value.detach(), scale))
-    return eager(module, query, key, value, attention_mask, *args, **kwargs)
-
-
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    AttentionInterface.register(RECORDER, _recording_attention)
-    AttentionMaskInterface.register(RECORDER, eager_mask)
-
-
-@contextmanager
-def record(model: Any) -> Iterator[list[_Call]]:
-    """Within the block, every attention call of ``model`` is recorded (in call order).
-
-    The model runs the recording attention (the model's own eager function) and goes
-    back to the implementation it had on exit, also after an exception.
-    """
-    global _calls
-    _register()
-    before = model.config._attn_implementation
-    calls: list[_Call] = []
-    model.set_attn_implementation(RECORDER)
-    _calls = calls
-    try:
-        yield calls
-    finally:
-        _calls = None
-        model.set_attn_implementation(before)
-
-
 def output_projection(model: Any, attention: Any) -> Any:
     """The module that maps the concatenated heads (.., H·Dv) to the model width: W_O."""
     for attribute in ("o_proj", "c_proj", "out_proj", "dense", "o"):
@@ -209,14 +164,15 @@ def output_projection(model: Any, attention: Any) -> Any:
     return dense
 
 
-def _value_norms(model: Any, call: _Call, num_heads: int) -> np.ndarray:
-    """‖v_j W_O^h‖ for every head h and key j: (H, S). W_O is applied as the model's own
-    module to an input that holds v_j in head h's slice and zeros elsewhere, minus its
-    bias (the module at zero), so Linear and GPT-2's Conv1D are read the same way."""
+def _value_norms(model: Any, attention: Any, value: Any, num_heads: int) -> np.ndarray:
+    """‖v_j W_O^h‖ for every head h and key j: (H, S), from ``value`` (B, Hkv, S, Dv) as
+    ``hook_v`` read it. W_O is applied as the model's own module to an input that holds
+    v_j in head h's slice and zeros elsewhere, minus its bias (the module at zero), so
+    Linear and GPT-2's Conv1D are read the same way."""
     import torch
 
-    projection = output_projection(model, call.module)
-    value = call.value[0]  # (Hkv, S, Dv)
+    projection = output_projection(model, attention)
+    value = value[0]  # (Hkv, S, Dv)
     Hkv, S, Dv = value.shape
     value = value.repeat_interleave(num_heads // Hkv, dim=0)  # (H, S, Dv)
     norms = np.empty((num_heads, S))
@@ -277,22 +233,32 @@ def run_hf(hf: HFModel, text: str, *, pair: str | None = None, generate: int = 0
         extra = ({"token_type_ids": encoded["token_type_ids"]}
                  if pair is not None and "token_type_ids" in encoded
                  and bool(getattr(model.config, "type_vocab_size", None)) else {})
-        with record(model) as calls:
-            result = model(input_ids=ids, output_attentions=True, **extra)
-    attentions = result.attentions
-    if not attentions or len(calls) != len(attentions):
+        names = [f"blocks.{layer}.attn.{point}" for layer in range(hf.num_layers)
+                 for point in READ_POINTS]
+        result, cache = run_with_cache(model, input_ids=ids, names=names, **extra)
+    attentions = attention_modules(model)
+    H, L = hf.num_heads, hf.num_layers
+    missing = [name for name in names if name not in cache]
+    if missing:
         raise AttnlabError(f"model: {type(model).__name__} did not pass its attention "
-                           "through transformers' attention functions (cannot read it)")
-    H = hf.num_heads
-    weights = np.stack([a[0].double().numpy() for a in attentions])  # (L, H, T, T)
-    q = np.stack([c.query[0].double().numpy() for c in calls])  # (L, H, T, D)
-    k = np.stack([c.key[0].double().numpy() for c in calls])  # (L, Hkv, T, D)
-    norms = np.stack([_value_norms(model, c, H) for c in calls])  # (L, H, T)
+                           f"through transformers' attention functions (no {missing[0]})")
+
+    def read(layer: int, point: str) -> Any:
+        return cache[f"blocks.{layer}.attn.{point}"]
+
+    weights = np.stack([read(i, "hook_pattern")[0].double().numpy()
+                        for i in range(L)])  # (L, H, T, T)
+    q = np.stack([read(i, "hook_q")[0].double().numpy() for i in range(L)])  # (L, H, T, D)
+    k = np.stack([read(i, "hook_k")[0].double().numpy() for i in range(L)])  # (L, Hkv, T, D)
+    norms = np.stack([_value_norms(model, attentions[i], read(i, "hook_v"), H)
+                      for i in range(L)])  # (L, H, T)
+    scales = np.array([float(getattr(attentions[i], "scaling", None) or q.shape[-1] ** -0.5)
+                       for i in range(L)])
     flat = ids[0].tolist()
     tokens = [str(t) for t in hf.tokenizer.convert_ids_to_tokens(flat)]
     logits = result.logits[0].double().numpy() if hf.is_decoder else None
     return HFRun(tokens=tokens, ids=np.asarray(flat), weights=weights, q=q, k=k,
-                 scales=np.array([c.scale for c in calls]), value_norms=norms,
+                 scales=scales, value_norms=norms,
                  is_causal=hf.is_decoder, prompt_length=prompt_length, segments=segments,
                  logits=logits)
 
