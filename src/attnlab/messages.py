@@ -262,6 +262,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
                                   "√d_k 里的 d_k 是每个键向量的维度（K.shape[-1]），不是词元个数。"),
     "exercise.scale_multiplied": ("You multiplied by √d_k; divide by it.",
                                    "乘以了 √d_k，应除以 √d_k。"),
+    "exercise.sink_ignored": ("Your output is plain attention: the sink must join each row's softmax as one more column (exp(sink − m) in the denominator), which takes weight away from the keys. Dropping the sink's column and renormalising the rest to sum to 1 undoes it the same way.",
+                              "你的输出就是普通的注意力：sink 要作为每行 softmax 的多一列（分母里加上 exp(sink − m)），它会从各个键那里分走一部分权重。去掉 sink 那一列后再把其余权重重新归一化成和为 1，也等于没加 sink。"),
     "exercise.softmax_axis": ("The rows of weights do not sum to 1: is softmax's axis right? Normalise along the last axis (axis=-1, each row).",
                                "每行权重之和不是 1：softmax 的 axis 对吗？应沿最后一维（axis=-1，每一行）归一化。"),
     "exercise.softmax_global_sum": ("You divided by the sum of the whole matrix: normalise each row on its own, np.sum(..., axis=-1, keepdims=True).",

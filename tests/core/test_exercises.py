@@ -121,6 +121,29 @@ def softmax_backward(y, dy):
     return out
 
 
+def attention_with_sink(Q, K, V, sink):
+    # Hugging Face's GPT-OSS eager attention: the sink as one more column of logits,
+    # softmax with the row's max subtracted, the sink's column dropped before @ V
+    scores = Q @ K.T / np.sqrt(K.shape[1])                               # (T, S)
+    logits = np.concatenate([scores, np.full((len(Q), 1), sink)], axis=1)  # (T, S + 1)
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return (e / e.sum(axis=1, keepdims=True))[:, :-1] @ V                # (T, Dv)
+
+
+def _plain_attention(Q, K, V, sink):
+    return softmax(scaled_scores(Q, K)) @ V
+
+
+def _sink_renormalised(Q, K, V, sink):
+    weights = attention_with_sink(Q, K, np.eye(K.shape[0]), sink)  # the kept columns (T, S)
+    return weights / weights.sum(axis=1, keepdims=True) @ V
+
+
+def _sink_unshifted(Q, K, V, sink):
+    e = np.exp(scaled_scores(Q, K))
+    return e / (e.sum(axis=1, keepdims=True) + np.exp(sink)) @ V
+
+
 RIGHT = {
     "qkv": qkv, "scores": scores, "scaled_scores": scaled_scores, "softmax": softmax,
     "attention": attention, "self_attention": self_attention, "causal_mask": causal_mask,
@@ -129,6 +152,7 @@ RIGHT = {
     "multi_head_attention": multi_head_attention, "sinusoidal_encoding": sinusoidal_encoding,
     "layer_norm": layer_norm, "residual_block": residual_block,
     "online_attention": online_attention, "softmax_backward": softmax_backward,
+    "attention_with_sink": attention_with_sink,
 }
 
 
@@ -297,6 +321,10 @@ MISTAKES = [
     ("softmax_backward", lambda y, dy: y * (dy - (dy * y).sum(0)), "sb_axis", "每一行", "each row"),
     ("residual_block", lambda x, a, ln, norm: residual_block(x, a, ln, "post") if norm == "post"
      else ln(x + a(ln(x))), "block_pre_extra_norm", "不再做层规范化", "does not normalise"),
+    ("attention_with_sink", _plain_attention, "sink_ignored", "普通的注意力", "plain attention"),
+    # renormalising the kept columns is plain attention again: the same hint names both
+    ("attention_with_sink", _sink_renormalised, "sink_ignored", "重新归一化", "renormalising"),
+    ("attention_with_sink", _sink_unshifted, "softmax_no_max", "溢出", "overflow"),
 ]
 
 

@@ -219,6 +219,39 @@ ATTENTION = Exercise(
 )
 
 
+def _sink_cases() -> list[Case]:
+    rng = _rng(14)
+    return [
+        Case("rect", (_normal(rng, 3, 4), _normal(rng, 5, 4), _normal(rng, 5, 2), 0.5)),
+        Case("large", (100 * _normal(rng, 3, 8), 10 * _normal(rng, 3, 8), _normal(rng, 3, 2),
+                       300.0)),
+        Case("one_token", (_normal(rng, 1, 4), _normal(rng, 1, 4), _normal(rng, 1, 3), -1.0)),
+    ]
+
+
+def _sink_reference(Q: np.ndarray, K: np.ndarray, V: np.ndarray, sink: float) -> np.ndarray:
+    out = scaled_dot_product_attention(Q[None], K[None], V[None], sinks=np.array([sink]))
+    return np.asarray(out)[0]  # (1, T, Dv) -> (T, Dv)
+
+
+def _sink_no_max(Q: np.ndarray, K: np.ndarray, V: np.ndarray, sink: float) -> np.ndarray:
+    e = np.exp(Q @ K.T / np.sqrt(K.shape[-1]))  # (T, S)
+    return e / (e.sum(-1, keepdims=True) + np.exp(sink)) @ V
+
+
+ATTENTION_WITH_SINK = Exercise(
+    "attention_with_sink",
+    "attention_with_sink(Q, K, V, sink) -> out   # (T, D), (S, D), (S, Dv), scalar -> (T, Dv)",
+    ("GPT-OSS 的注意力停靠点：sink 作为每一行 softmax 的多一列参与归一化，但它没有值向量；"
+     "输出 = 前 S 列的权重 @ V（每行权重之和小于 1）。",
+     "GPT-OSS's attention sink: the sink joins each row's softmax as one more column with no "
+     "value; out = the first S columns' weights @ V (each row sums to less than 1)."),
+    _sink_reference, _sink_cases,
+    [Mistake("sink_ignored", lambda Q, K, V, sink: _weights(Q, K) @ V),
+     Mistake("softmax_no_max", _sink_no_max)],
+)
+
+
 def _self_attention_cases() -> list[Case]:
     rng = _rng(4)
     return [
@@ -576,5 +609,5 @@ SOFTMAX_BACKWARD = Exercise(
 EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     QKV, SCORES, SCALED_SCORES, SOFTMAX, ATTENTION, SELF_ATTENTION, CAUSAL_MASK, PADDING_MASK,
     MASKED_ATTENTION, SPLIT_HEADS, MERGE_HEADS, MULTI_HEAD_ATTENTION, SINUSOIDAL, LAYER_NORM,
-    RESIDUAL_BLOCK, ONLINE_ATTENTION, SOFTMAX_BACKWARD,
+    RESIDUAL_BLOCK, ONLINE_ATTENTION, SOFTMAX_BACKWARD, ATTENTION_WITH_SINK,
 )}
