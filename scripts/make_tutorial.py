@@ -935,6 +935,144 @@ lesson(
 )
 
 
+# ----------------------------------------------------------------- a decoder
+BUILD = """import tempfile
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+import attnlab.hf
+from attnlab.lens import run_with_cache
+from attnlab.models.loading import minilm_path
+transformers.utils.logging.disable_progress_bar()
+
+tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))   # {tok}
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                     bos_token_id=None, eos_token_id=None)
+folder = tempfile.mkdtemp()
+LlamaForCausalLM(config).save_pretrained(folder)   # {save}
+attnlab.hf.register()                              # attn_implementation="attnlab"
+model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="attnlab").eval()
+print(model.config.num_attention_heads, model.config.num_key_value_heads)   # 4 2"""
+
+PATTERN = """inputs = tokenizer("the cat sat on the mat", return_tensors="pt", add_special_tokens=False)
+tokens = tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
+with torch.no_grad():
+    out, cache = run_with_cache(model, **inputs, names=["blocks.0.attn.hook_pattern"])
+pattern = cache["blocks.0.attn.hook_pattern"][0].numpy()            # (H, T, T) = (4, 6, 6)
+T = len(tokens)
+allowed = np.tril(np.ones((T, T), dtype=bool))                      # {allowed}
+print(pattern.shape, "{blocked}", float(pattern[:, ~allowed].max()))
+print("{rows}", pattern[0].sum(-1).round(6))
+report.plot_attention(pattern[0], tokens, tokens, allowed=allowed, lang=LANG)"""
+
+KV = """from transformers import DynamicCache
+kv_cache = DynamicCache(config=model.config)
+ids = inputs["input_ids"]
+with torch.no_grad():
+    for t in range(ids.shape[1]):                                    # {one}
+        step = model(input_ids=ids[:, t:t + 1], cache=kv_cache, use_cache=True)
+        print(t, tokens[t], tuple(kv_cache.layers[0].keys.shape))    # (B, Hkv, S, D)
+gap = float((step.logits[0, -1] - out.logits[0, -1]).abs().max())
+print("{gap}", gap)
+assert gap < 1e-4   # {why}"""
+
+SINK_CHECK = """rng = np.random.default_rng(0)
+Q, K, V = rng.standard_normal((4, 8)), rng.standard_normal((5, 8)), rng.standard_normal((5, 3))
+sink = 1.0
+reference, weights = attnlab.scaled_dot_product_attention(
+    Q[None], K[None], V[None], sinks=np.array([sink]), return_weights=True)   # (1, T, Dv), (1, T, S)
+print("{rows}", weights[0].sum(-1).round(3))
+try:
+    print("{gap}", float(np.abs(attention_with_sink(Q, K, V, sink) - reference[0]).max()))
+except NotImplementedError:
+    print("{first}")"""
+
+
+def _fill(template: str, **words: str) -> str:
+    """A code template with its ``{name}`` comments and strings in one language."""
+    return re.sub(r"\{(\w+)\}", lambda m: words[m.group(1)], template)
+
+
+lesson(
+    "14_decoder",
+    md("# 第 14 课：解码器——因果掩蔽、KV 缓存和注意力停靠点\n\n"
+       "第 12 课的 MiniLM 是编码器：每个词元可以看整句话。GPT、Llama 这类解码器只让每个词元看它自己和前面的词元（因果掩蔽，第 6 课），"
+       "逐个生成词元时再用 KV 缓存省掉重复计算。这一课用 transformers 的 `LlamaConfig` 搭一个很小的随机 Llama："
+       "2 层，4 个查询头共享 2 组键/值头（GQA），位置编码用 RoPE；分词器借用 MiniLM 的，所以什么都不用下载。"
+       "`attnlab.hf.register()` 之后，`attn_implementation=\"attnlab\"` 让模型的每一层注意力都跑在 attnlab 上。",
+       "# Lesson 14: a decoder: the causal mask, the KV cache and attention sinks\n\n"
+       "Lesson 12's MiniLM is an encoder: every token sees the whole sentence. Decoders such as "
+       "GPT and Llama let a token see only itself and the tokens before it (the causal mask, "
+       "lesson 6), and generate one token at a time with a KV cache. This lesson builds a tiny "
+       "random Llama from transformers' `LlamaConfig`: 2 layers, 4 query heads sharing 2 "
+       "key/value heads (GQA), RoPE positions, MiniLM's tokenizer, nothing downloaded. After "
+       "`attnlab.hf.register()`, `attn_implementation=\"attnlab\"` runs every attention layer "
+       "on attnlab."),
+    code(_fill(BUILD, tok="借用 MiniLM 的分词器（随 attnlab 离线安装）",
+               save="随机权重，存成和下载来的模型一样的文件夹"),
+         _fill(BUILD, tok="MiniLM's tokenizer (installed offline with attnlab)",
+               save="random weights, saved as a downloaded model's folder")),
+    md("## 因果掩蔽：每个词元只看前面\n\n`run_with_cache` 取出第 1 层（`blocks.0`）的 `hook_pattern`，形状 (H, T, T)。"
+       "对角线以上是不允许关注的位置（下图的灰色斜线），那里的权重必须是 0；每一行仍然和为 1。"
+       "随机初始化的模型分数都很小，所以第 i 行几乎是均匀的 1/(i+1)：第一个词元只能看自己，权重为 1。",
+       "## The causal mask: each token looks back only\n\n`run_with_cache` takes layer 1's "
+       "(`blocks.0`) `hook_pattern`, shape (H, T, T). Above the diagonal are the positions a "
+       "query may not attend to (hatched grey below): their weights must be 0, and every row "
+       "still sums to 1. A random model's scores are small, so row i is nearly uniform, "
+       "1/(i+1): the first token can only look at itself, with weight 1."),
+    code(_fill(PATTERN, allowed="True = 可以关注（attnlab 的掩码约定）", blocked="被禁止位置上的最大权重：",
+               rows="每行之和："),
+         _fill(PATTERN, allowed="True = may attend (attnlab's mask convention)",
+               blocked="largest weight on a blocked position:", rows="row sums:")),
+    md("## KV 缓存：一次一个词元\n\n生成时每一步只送入一个新词元；前面词元的 K、V 已经在缓存里，不必重算。"
+       "缓存中键的形状是 (B, Hkv, S, D)：S 每一步加 1；Hkv = 2 而不是 4，因为 GQA 里 4 个查询头共用 2 组键值，缓存小了一半。"
+       "逐个词元算到最后一步，得到的 logits 和一次算整句时的最后一行相同（只差浮点舍入）。",
+       "## The KV cache: one token at a time\n\nWhen generating, each step feeds one new "
+       "token; the earlier tokens' K and V are already in the cache. The cached keys are "
+       "(B, Hkv, S, D): S grows by 1 each step; Hkv is 2, not 4, because GQA's 4 query heads "
+       "share 2 key/value heads, which halves the cache. After the last step the logits equal "
+       "the last row of the whole sentence computed at once (up to rounding)."),
+    code(_fill(KV, one="每一步只送入第 t 个词元", gap="与一次算整句的最后一行相比，最大差别：",
+               why="float32 舍入；缓存算错的话差别是 logits 本身的量级"),
+         _fill(KV, one="each step feeds token t only", gap="largest gap from the whole-sentence row:",
+               why="float32 rounding; a wrong cache would be off by the logits' own size")),
+    md("## 注意力停靠点（sink），GPT-OSS 的做法\n\n第 12 课看到训练好的模型常把多余的权重停靠在 [CLS]、[SEP] 上。"
+       "GPT-OSS 给每个头学一个专门的 sink logit：它作为 softmax 的多一列参与归一化，但没有值向量，"
+       "所以每一行的权重之和小于 1——一个头没什么可读时，可以把权重交给 sink，而不必硬塞给某个词元。"
+       "attnlab 的 `scaled_dot_product_attention(..., sinks=)` 就是 Hugging Face 中 GPT-OSS eager 实现的算法。\n\n"
+       "## 动手写：带 sink 的注意力\n\n先算缩放分数，每行的最大值 m 要把 sink 也算进去，"
+       "权重 = exp(分数 − m) / (Σ exp(分数 − m) + exp(sink − m))，输出 = 权重 @ V。",
+       "## Attention sinks, the GPT-OSS way\n\nLesson 12 showed trained models parking spare "
+       "weight on [CLS] and [SEP]. GPT-OSS learns one sink logit per head instead: it joins "
+       "the softmax as one more column but has no value vector, so each row's weights sum to "
+       "less than 1: a head with nothing to read hands weight to the sink rather than to some "
+       "token. attnlab's `scaled_dot_product_attention(..., sinks=)` is Hugging Face's GPT-OSS "
+       "eager attention.\n\n## Your turn: attention with a sink\n\nScale the scores; take each "
+       "row's max m over the scores and the sink together; weights = exp(scores − m) / "
+       "(Σ exp(scores − m) + exp(sink − m)); output = weights @ V."),
+    write("attention_with_sink", "attention_with_sink(Q, K, V, sink)", "返回 (T, Dv)", "return (T, Dv)",
+          "    scores = Q @ K.T / np.sqrt(K.shape[-1])                      # (T, S)\n"
+          "    m = np.maximum(scores.max(axis=-1, keepdims=True), sink)    # (T, 1)：sink 也参与取最大值\n"
+          "    e = np.exp(scores - m)                                      # (T, S)\n"
+          "    return e / (e.sum(axis=-1, keepdims=True) + np.exp(sink - m)) @ V   # (T, Dv)"),
+    code(_fill(SINK_CHECK, rows="每行权重之和（小于 1）：", gap="与 attnlab 的最大差别：",
+               first="先写好上面的 attention_with_sink"),
+         _fill(SINK_CHECK, rows="row sums of the weights (under 1):", gap="largest gap from attnlab:",
+               first="write attention_with_sink above first")),
+    md("## 练习\n\n1. 把 sink 换成 -100 和 +10：每行权重之和分别变成多少？哪种情况下输出接近 0？\n"
+       "2. 把 `names` 换成 `[\"blocks.1.attn.hook_pattern\"]`，第 2 层的模式还是因果的吗？为什么不同的层掩码相同？\n"
+       "3. 如果是普通的多头注意力（`num_key_value_heads=4`），缓存的形状是什么？1000 个词元、32 层时 GQA 省下多少个数？",
+       "## Exercises\n\n1. Set the sink to -100 and to +10: what do the row sums become? When "
+       "is the output close to 0?\n2. Change `names` to `[\"blocks.1.attn.hook_pattern\"]`: is "
+       "layer 2's pattern causal too? Why is the mask the same in every layer?\n3. With plain "
+       "multi-head attention (`num_key_value_heads=4`), what shape is the cache? How many "
+       "numbers does GQA save at 1000 tokens and 32 layers?"),
+)
+
+
 def check_cell(name: str, *, solution: bool) -> str:
     if solution:  # the solution notebook proves its answer passes
         return (f"result = exercises.check(\"{name}\", {name}, lang=LANG)\n"

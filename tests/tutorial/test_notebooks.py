@@ -43,7 +43,7 @@ def kernel_path(tmp_path_factory):
 def test_every_lesson_exists_in_both_languages():
     names = {lang: sorted(p.name for p in LESSONS if p.parent.name == lang)
              for lang in ("zh", "en")}
-    assert names["zh"] == names["en"] and len(names["zh"]) == 13
+    assert names["zh"] == names["en"] and len(names["zh"]) == 14
     solved = {lang: sorted(p.name for p in SOLUTIONS if p.parent.parent.name == lang)
               for lang in ("zh", "en")}
     assert solved["zh"] == solved["en"] and len(solved["zh"]) >= 9
