@@ -71,7 +71,7 @@ from ..errors import (
     check_scale,
     missing_extra,
 )
-from ..kernel import abs_max, attend, check_score_range, check_softcap
+from ..kernel import abs_max, attend, check_score_range, check_sinks, check_softcap
 from ..masks import causal_mask, window_mask
 from ..shapes import (
     check_cache_query_shape,
@@ -214,12 +214,13 @@ class _CacheBase:
 
 def _grouped_attention(
     q: np.ndarray, keys: np.ndarray, values: np.ndarray, allowed: np.ndarray | None,
-    scale: float, softcap: float | None = None,
+    scale: float, softcap: float | None = None, sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """Attention of H query heads over Hkv shared key/value heads, without copying the keys.
 
     Shapes: q (B, H, T, D), keys (B, Hkv, S, D), values (B, Hkv, S, Dv),
-    allowed bool (T, S), (B, 1, T, S) or None -> (B, H, T, Dv).
+    allowed bool (T, S), (B, 1, T, S) or None, sinks (H, 1, 1) from
+    :func:`attnlab.kernel.check_sinks` or None -> (B, H, T, Dv).
 
     Query head h reads key/value head h // G (G = H / Hkv), as
     ``MultiHeadAttention.expand_kv`` does; the G heads of a group are stacked as
@@ -235,7 +236,11 @@ def _grouped_attention(
     if allowed is not None and G > 1 and allowed.shape[-2] > 1:  # one row broadcasts as is
         reps = (1,) * (allowed.ndim - 2) + (G, 1)
         allowed = np.tile(allowed, reps)  # (..., G*T, S), rows in the order of `rows`
-    out, _ = attend(rows, keys, values, allowed, None, scale, softcap=softcap)  # (B, Hkv, G*T, Dv)
+    row_sinks = None
+    if sinks is not None:  # head h = g*G + j owns rows j*T .. j*T + T - 1 of group g
+        row_sinks = np.repeat(sinks.reshape(Hkv, G, 1), T, axis=1)  # (Hkv, G*T, 1)
+    out, _ = attend(rows, keys, values, allowed, None, scale, softcap=softcap,
+                    sinks=row_sinks)  # (B, Hkv, G*T, Dv)
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
@@ -385,7 +390,7 @@ class KVCache(_CacheBase):
     def attend(
         self, q: Any, k: Any = None, v: Any = None, *, key_padding: Any = None,
         is_causal: bool = True, scale: float | None = None, softcap: float | None = None,
-        window: Any = None,
+        window: Any = None, sinks: Any = None,
     ) -> np.ndarray:
         """Append the T new tokens' k, v, then attend from their queries over the whole cache.
 
@@ -400,13 +405,14 @@ class KVCache(_CacheBase):
         queries are taken to be the last T positions held (or, not causal, to
         see all of them). ``key_padding`` (True = a real token) marks the new
         tokens' padding, never attended to from then on; a query that sees no
-        real key gets 0. ``scale`` defaults to 1/√D; ``softcap`` and ``window`` (an
-        int W or (left, right), cut at the query when causal) mean what they mean in
+        real key gets 0. ``scale`` defaults to 1/√D; ``softcap``, ``window`` (an
+        int W or (left, right), cut at the query when causal) and ``sinks`` (H,), one
+        logit per query head, mean what they mean in
         :func:`attnlab.scaled_dot_product_attention`.
 
         Equals :func:`attnlab.scaled_dot_product_attention` over the whole
         sequence with ``mask = key_padding[:, None, None, :]`` (all of it so far),
-        ``is_causal``, ``softcap`` and ``window``, at the last T queries.
+        ``is_causal``, ``softcap``, ``window`` and ``sinks``, at the last T queries.
         """
         is_causal = check_flag(is_causal, "is_causal")
         cap = check_softcap(softcap)
@@ -427,6 +433,7 @@ class KVCache(_CacheBase):
             q_arr = self._check_q(q, T)
             padding = self._check_key_padding(key_padding, T)
         scale_value = check_scale(scale, self.head_dim)
+        sink_logits = check_sinks(sinks, q_arr.shape[:2], self.compute_dtype)  # before a write
         self._check_scores(q_arr, k_arr, scale_value)
         S = self._length + (0 if v_arr is None else T)
         check_alloc((*q_arr.shape[:3], S), self.compute_dtype,
@@ -443,7 +450,7 @@ class KVCache(_CacheBase):
             real = self._real[:, None, None, :S]  # (B, 1, 1, S)
             allowed = real if allowed is None else (real & allowed)  # (B, 1, T, S)
         return _grouped_attention(q_arr, keys, values, allowed, scale_value,
-                                  cap)  # (B, H, T, Dv)
+                                  cap, sink_logits)  # (B, H, T, Dv)
 
     def __repr__(self) -> str:
         return (
@@ -550,20 +557,22 @@ class SlidingWindowKVCache(_CacheBase):
 
     def attend(
         self, q: Any, k: Any, v: Any, *, scale: float | None = None,
-        softcap: float | None = None,
+        softcap: float | None = None, sinks: Any = None,
     ) -> np.ndarray:
         """Append the T new tokens' k, v, and attend from their queries within the window.
 
-        Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv).
+        Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv), sinks (H,)
+        -> (B, H, T, Dv).
 
         The query at position p sees keys ``max(0, p - W + 1) .. p``. ``softcap``
-        as in :func:`attnlab.scaled_dot_product_attention`.
+        and ``sinks`` as in :func:`attnlab.scaled_dot_product_attention`.
         """
         cap = check_softcap(softcap)
         k_arr, v_arr = self._check_kv(k, v)
         T = k_arr.shape[2]
         q_arr = self._check_q(q, T)
         scale_value = check_scale(scale, self.head_dim)
+        sink_logits = check_sinks(sinks, q_arr.shape[:2], self.compute_dtype)  # before a write
         self._check_scores(q_arr, k_arr, scale_value)
         W = self.window
         check_alloc((*q_arr.shape[:3], W + T), self.dtype, "the score matrix (B, H, T, W + T)",
@@ -573,7 +582,7 @@ class SlidingWindowKVCache(_CacheBase):
             self._write(k_arr, v_arr)
             n = min(self._length, W)
             return _grouped_attention(q_arr, self._keys[:, :, :n], self._values[:, :, :n], None,
-                                      scale_value, cap)  # (B, H, 1, Dv)
+                                      scale_value, cap, sink_logits)  # (B, H, 1, Dv)
         held = held_positions(self._length, W)
         keys = np.concatenate([self._in_order(self._keys), k_arr], axis=2)  # (B, Hkv, n + T, D)
         values = np.concatenate([self._in_order(self._values), v_arr],
@@ -582,7 +591,8 @@ class SlidingWindowKVCache(_CacheBase):
         key_pos = np.arange(held.start, self._length + T)  # (n + T,)
         offset = key_pos[None, :] - query_pos[:, None]  # (T, n + T)
         allowed = (offset <= 0) & (offset > -W)  # (T, n + T): the W most recent, itself included
-        out = _grouped_attention(q_arr, keys, values, allowed, scale_value, cap)  # (B, H, T, Dv)
+        out = _grouped_attention(q_arr, keys, values, allowed, scale_value, cap,
+                                 sink_logits)  # (B, H, T, Dv)
         self._write(k_arr, v_arr)
         return out
 

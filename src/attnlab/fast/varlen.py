@@ -66,7 +66,14 @@ from ..errors import (
     describe,
     shape_str,
 )
-from ..kernel import abs_max, attend, check_score_range, check_softcap, low_precision_dtype
+from ..kernel import (
+    abs_max,
+    attend,
+    check_score_range,
+    check_sinks,
+    check_softcap,
+    low_precision_dtype,
+)
 from ..masks import band_mask
 from ..messages import msg
 from ..shapes import attention_band, check_window_pair
@@ -294,11 +301,13 @@ def attend_packed(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens_q: np.ndarray,
     cu_seqlens_k: np.ndarray, scale: float, is_causal: bool, out: np.ndarray | None = None,
     *, window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """Plain attention of every packed sequence alone, on validated arrays; no checks.
 
     Shapes: q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv), cu_seqlens
-    (B + 1,) int64 -> out (total_q, H, Dv) (written into ``out`` if given). The
+    (B + 1,) int64, sinks (H, 1, 1) from :func:`attnlab.kernel.check_sinks` or None
+    -> out (total_q, H, Dv) (written into ``out`` if given). The
     sequences of one (T_b, S_b) are gathered into one batched
     :func:`attnlab.kernel.attend`: scores (n, Hkv, H / Hkv, T_b, S_b) per group.
     """
@@ -306,11 +315,12 @@ def attend_packed(
     Hkv, Dv = k.shape[1], v.shape[2]
     if out is None:
         out = np.empty((total_q, H, Dv), dtype=q.dtype)  # (total_q, H, Dv)
+    group_sinks = None if sinks is None else sinks.reshape(Hkv, H // Hkv, 1, 1)  # head g·G + j
     for (T, S), members in length_groups(cu_seqlens_q, cu_seqlens_k).items():
         if T == 0:
             continue
         rows_q = cu_seqlens_q[members][:, None] + np.arange(T)  # (n, T) packed row indices
-        if S == 0:  # nothing to attend to: output 0, as the plain path's rule
+        if S == 0:  # nothing to attend to (a sink takes no value): output 0, as the plain path
             out[rows_q] = 0.0
             continue
         rows_k = cu_seqlens_k[members][:, None] + np.arange(S)  # (n, S)
@@ -318,8 +328,8 @@ def attend_packed(
         k_g = k[rows_k].transpose(0, 2, 1, 3)[:, :, None]  # (n, Hkv, 1, S, D)
         v_g = v[rows_k].transpose(0, 2, 1, 3)[:, :, None]  # (n, Hkv, 1, S, Dv)
         allowed = sequence_allowed(T, S, is_causal, window)  # (T, S)
-        result, _ = attend(q_g, k_g, v_g, allowed, None, scale,
-                           softcap=softcap)  # (n, Hkv, G, T, Dv)
+        result, _ = attend(q_g, k_g, v_g, allowed, None, scale, softcap=softcap,
+                           sinks=group_sinks)  # (n, Hkv, G, T, Dv)
         out[rows_q] = result.transpose(0, 3, 1, 2, 4).reshape(len(members), T, H, Dv)
     return out
 
@@ -346,6 +356,7 @@ def varlen_attention(
     scale: float | None = None,
     window: Any = None,
     softcap: float | None = None,
+    sinks: Any = None,
 ) -> np.ndarray:
     """Attention over a packed batch of sequences of different lengths, without padding.
 
@@ -358,11 +369,11 @@ def varlen_attention(
 
     Equals :func:`attnlab.scaled_dot_product_attention` run on each sequence
     alone (see the module docstring); ``is_causal``, ``window`` (an int W or
-    FlashAttention's (left, right), -1 = unbounded) and ``softcap`` apply per
-    sequence, bottom-right aligned. The plain path: each sequence's (H, T_b, S_b) scores
-    are built whole (sequences of equal lengths in one batched product), never a
-    (total_q, total_k) matrix. Dtypes as in scaled_dot_product_attention
-    (float16 computes in float32 and comes back as float16).
+    FlashAttention's (left, right), -1 = unbounded), ``softcap`` and ``sinks`` (H,),
+    one logit per query head, apply per sequence, bottom-right aligned. The plain
+    path: each sequence's (H, T_b, S_b) scores are built whole (sequences of equal
+    lengths in one batched product), never a (total_q, total_k) matrix. Dtypes as in
+    scaled_dot_product_attention (float16 computes in float32 and comes back as float16).
 
     >>> rng = np.random.default_rng(0)
     >>> cu = cu_seqlens_from_lengths([3, 5])  # two sequences, 8 tokens
@@ -376,10 +387,11 @@ def varlen_attention(
     inputs = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                  max_seqlen_k, is_causal=is_causal, scale=scale, window=window,
                                  softcap=softcap)
+    sink_logits = check_sinks(sinks, (inputs.num_heads,), inputs.q.dtype)  # (H, 1, 1)
     _check_group_scores(inputs)
     out = attend_packed(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q, inputs.cu_seqlens_k,
                         inputs.scale, inputs.is_causal, window=inputs.window,
-                        softcap=inputs.softcap)  # (total_q, H, Dv)
+                        softcap=inputs.softcap, sinks=sink_logits)  # (total_q, H, Dv)
     return out.astype(inputs.out_dtype, copy=False)
 
 

@@ -28,10 +28,16 @@ from typing import Any, Literal, overload
 import torch
 
 from ..attention import check_axis
-from ..errors import AttnlabError, ShapeError, check_broadcastable, check_flag, shape_str
+from ..errors import AttnlabError, ShapeError, check_broadcastable, check_flag
 from ..shapes import check_attention_shapes
 from . import debug
-from .checks import as_bool_tensor, as_float_tensor, check_probability, check_same_device
+from .checks import (
+    as_bool_tensor,
+    as_float_tensor,
+    check_probability,
+    check_same_device,
+    check_sinks_tensor,
+)
 from .kernel import AttentionInputs, attend, check_inputs, fast_fused, stable_softmax
 
 __all__ = ["scaled_dot_product_attention", "softmax"]
@@ -221,18 +227,9 @@ def scaled_dot_product_attention(
 
 
 def check_sinks(sinks: Any, inputs: AttentionInputs) -> torch.Tensor | None:
-    """Attention sinks (H,): one logit per head of q (..., H, T, D), on q's device; the
-    NumPy twin's rule (:func:`attnlab.kernel.check_sinks`). Kept differentiable."""
-    if sinks is None:
-        return None
-    sink_t = as_float_tensor(sinks, "sinks")
-    batch = inputs.shapes.batch
-    if sink_t.ndim != 1 or not batch or batch[-1] != sink_t.shape[0]:
-        raise ShapeError(
-            f"sinks: expected one logit per head of q (..., H, T, D), (H,) = "
-            f"{shape_str(tuple(batch[-1:]) or (1,))}, got {shape_str(tuple(sink_t.shape))}")
-    check_same_device(inputs.q, "q", sink_t, "sinks")
-    return sink_t
+    """Attention sinks (H,): one logit per head of q (..., H, T, D), on q's device
+    (:func:`attnlab.torch.checks.check_sinks_tensor`). Kept differentiable."""
+    return check_sinks_tensor(sinks, inputs.shapes.batch, inputs.q)
 
 
 def _check_dropout_mask(

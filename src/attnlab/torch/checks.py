@@ -25,6 +25,7 @@ __all__ = [
     "as_float_tensor",
     "as_bool_tensor",
     "check_same_device",
+    "check_sinks_tensor",
     "check_probability",
     "check_positive_float",
     "module_input",
@@ -89,6 +90,22 @@ def check_same_device(reference: torch.Tensor, ref_name: str, x: torch.Tensor, n
             f"{name}: expected a tensor on {ref_name}'s device {reference.device}, "
             f"got {x.device}"
         )
+
+
+def check_sinks_tensor(sinks: Any, batch: Any, q: torch.Tensor) -> torch.Tensor | None:
+    """Attention sinks (H,): one logit per head of q (..., H, T, D) (``batch`` = q's leading
+    dims), on q's device; the NumPy twin's rule (:func:`attnlab.kernel.check_sinks`). Kept
+    differentiable; None for None."""
+    if sinks is None:
+        return None
+    sink_t = as_float_tensor(sinks, "sinks")
+    batch = tuple(batch)
+    if sink_t.ndim != 1 or not batch or batch[-1] != sink_t.shape[0]:
+        raise errors.ShapeError(
+            f"sinks: expected one logit per head of q (..., H, T, D), (H,) = "
+            f"{errors.shape_str(batch[-1:] or (1,))}, got {errors.shape_str(tuple(sink_t.shape))}")
+    check_same_device(q, "q", sink_t, "sinks")
+    return sink_t
 
 
 def check_probability(p: Any, name: str) -> float:

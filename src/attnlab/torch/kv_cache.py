@@ -52,7 +52,7 @@ from ..shapes import (
     ring_segments,
 )
 from . import debug
-from .checks import as_bool_tensor, as_float_tensor
+from .checks import as_bool_tensor, as_float_tensor, check_sinks_tensor
 from .kernel import attend, causal_allowed, window_allowed
 from .masks import window_mask
 
@@ -172,15 +172,23 @@ class _CacheBase:
 
 def _grouped_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor | None,
-    scale: float, softcap: float | None = None,
+    scale: float, softcap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Shapes: q (B, H, T, D), keys (B, Hkv, S, D), values (B, Hkv, S, Dv),
-    allowed bool (T, S), (B, 1, T, S) or None -> (B, H, T, Dv)."""
+    allowed bool (T, S), (B, 1, T, S) or None, sinks (H,) or None -> (B, H, T, Dv).
+
+    With sinks the G = H / Hkv query heads of a group each get their own copy of the
+    group's keys and values (the kernel takes one sink per head of q)."""
     B, H, T, D = q.shape
     Hkv = keys.shape[1]
     G = H // Hkv
     if keys.dtype != q.dtype:  # float16 / bfloat16 storage, computed in float32
         keys, values = keys.to(q.dtype), values.to(q.dtype)
+    if sinks is not None:
+        keys = keys.repeat_interleave(G, dim=1)  # (B, H, S, D): head h reads h // G
+        values = values.repeat_interleave(G, dim=1)  # (B, H, S, Dv)
+        return cast(torch.Tensor, attend(q, keys, values, allowed, None, scale, softcap=softcap,
+                                          sinks=sinks.to(q.dtype)))  # (B, H, T, Dv)
     rows = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D); head h = g*G + j
     if allowed is not None and G > 1 and allowed.shape[-2] > 1:  # one row broadcasts as is
         reps = (1,) * (allowed.ndim - 2) + (G, 1)
@@ -307,7 +315,7 @@ class KVCache(_CacheBase):
     def attend(
         self, q: Any, k: Any = None, v: Any = None, *, key_padding: Any = None,
         is_causal: bool = True, scale: float | None = None, softcap: float | None = None,
-        window: Any = None,
+        window: Any = None, sinks: Any = None,
     ) -> torch.Tensor:
         """Append the T new tokens' k, v, then attend from their queries over the whole cache.
 
@@ -319,8 +327,8 @@ class KVCache(_CacheBase):
         bottom-right aligned; ``is_causal=False`` lets the T queries see every key
         held. ``k = v = None`` attends without appending. ``key_padding`` (True =
         a real token) marks the new tokens' padding, never attended to; a query
-        that sees no real key gets 0. ``scale`` defaults to 1/√D; ``softcap`` and
-        ``window`` as in the NumPy twin.
+        that sees no real key gets 0. ``scale`` defaults to 1/√D; ``softcap``,
+        ``window`` and ``sinks`` (H,) as in the NumPy twin.
         """
         is_causal = check_flag(is_causal, "is_causal")
         cap = check_softcap(softcap)
@@ -344,6 +352,7 @@ class KVCache(_CacheBase):
             padding = self._check_key_padding(key_padding, T)
             S = self._length + T
         scale_value = check_scale(scale, self.head_dim)
+        sink_t = check_sinks_tensor(sinks, q_t.shape[:2], q_t)  # before anything is written
         check_alloc((T, S), torch.bool, "the causal mask (T, S)", "q")
         self._check_scores(q_t, k_t, scale_value)
         if k is not None:
@@ -356,7 +365,7 @@ class KVCache(_CacheBase):
             real = self._real[:, None, None, :S]  # (B, 1, 1, S)
             allowed = real if allowed is None else (real & allowed)  # (B, 1, T, S)
         return _grouped_attention(q_t, self._keys[:, :, :S], self._values[:, :, :S], allowed,
-                                  scale_value, cap)  # (B, H, T, Dv)
+                                  scale_value, cap, sink_t)  # (B, H, T, Dv)
 
     def __repr__(self) -> str:
         return (
@@ -446,7 +455,7 @@ class SlidingWindowKVCache(_CacheBase):
 
     def attend(
         self, q: Any, k: Any, v: Any, *, scale: float | None = None,
-        softcap: float | None = None,
+        softcap: float | None = None, sinks: Any = None,
     ) -> torch.Tensor:
         """Append the T new tokens' k, v, and attend from their queries within the window.
 
@@ -455,13 +464,15 @@ class SlidingWindowKVCache(_CacheBase):
         The query at position p sees keys ``max(0, p - W + 1) .. p``. A single
         new token is written first and attends over the held slots (exactly its
         window, in any order); a chunk of T > 1 attends over the held keys in
-        position order followed by the chunk, and is written afterwards.
+        position order followed by the chunk, and is written afterwards. ``softcap``
+        and ``sinks`` (H,) as in the NumPy twin.
         """
         cap = check_softcap(softcap)
         k_t, v_t = self._check_kv(k, v)
         T = k_t.shape[2]
         q_t = self._check_q(q, T)
         scale_value = check_scale(scale, self.head_dim)
+        sink_t = check_sinks_tensor(sinks, q_t.shape[:2], q_t)  # before anything is written
         self._check_scores(q_t, k_t, scale_value)
         W = self.window
         if T == 1:
@@ -469,14 +480,15 @@ class SlidingWindowKVCache(_CacheBase):
             self._write(k_t, v_t)
             n = min(self._length, W)
             return _grouped_attention(q_t, self._keys[:, :, :n], self._values[:, :, :n], None,
-                                      scale_value, cap)  # (B, H, 1, Dv)
+                                      scale_value, cap, sink_t)  # (B, H, 1, Dv)
         held = held_positions(self._length, W)
         keys = torch.cat([self._in_order(self._keys), k_t], dim=2)  # (B, Hkv, n + T, D)
         values = torch.cat([self._in_order(self._values), v_t], dim=2)  # (B, Hkv, n + T, Dv)
         query_pos = torch.arange(self._length, self._length + T, device=self.device)  # (T,)
         key_pos = torch.arange(held.start, self._length + T, device=self.device)  # (n + T,)
         allowed = window_allowed(query_pos, key_pos, W, True)  # (T, n + T)
-        out = _grouped_attention(q_t, keys, values, allowed, scale_value, cap)  # (B, H, T, Dv)
+        out = _grouped_attention(q_t, keys, values, allowed, scale_value, cap,
+                                 sink_t)  # (B, H, T, Dv)
         self._write(k_t, v_t)
         return out
 

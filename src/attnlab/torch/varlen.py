@@ -35,7 +35,7 @@ from ..fast.varlen import check_sequences, check_varlen_shapes, length_groups
 from ..kernel import check_softcap
 from ..shapes import attention_band, check_window_pair
 from . import debug
-from .checks import as_float_tensor, check_same_device
+from .checks import as_float_tensor, check_same_device, check_sinks_tensor
 from .kernel import attend, band_allowed
 
 __all__ = ["varlen_attention"]
@@ -54,6 +54,7 @@ def varlen_attention(
     scale: float | None = None,
     window: Any = None,
     softcap: float | None = None,
+    sinks: Any = None,
 ) -> torch.Tensor:
     """Attention over a packed batch of sequences of different lengths, without padding;
     behaves identically to :func:`attnlab.fast.varlen.varlen_attention`.
@@ -73,7 +74,8 @@ def varlen_attention(
                 q[rows_q].transpose(0, 1),
                 k[rows_k].repeat_interleave(H // Hkv, 1).transpose(0, 1),
                 v[rows_k].repeat_interleave(H // Hkv, 1).transpose(0, 1),
-                is_causal=is_causal, window=window, softcap=softcap).transpose(0, 1)
+                is_causal=is_causal, window=window, softcap=softcap,
+                sinks=sinks).transpose(0, 1)
 
     >>> cu = torch.tensor([0, 3, 8])
     >>> q = k = v = torch.randn(8, 2, 4)
@@ -93,16 +95,19 @@ def varlen_attention(
     scale_value = check_scale(scale, D)
     dtype = torch.promote_types(torch.promote_types(q_t.dtype, k_t.dtype), v_t.dtype)
     q_t, k_t, v_t = (t.to(dtype) for t in (q_t, k_t, v_t))
+    sink_t = check_sinks_tensor(sinks, q_t.shape[1:2], q_t)  # (H,)
+    if sink_t is not None:
+        sink_t = sink_t.to(dtype)
     if debug.debug_checks_enabled():
         debug.check_finite([("q", q_t), ("k", k_t), ("v", v_t)])
         debug.check_tensor_score_range(q_t, k_t, None, scale_value)
-    return _attend_packed(q_t, k_t, v_t, cu_q, cu_k, scale_value, is_causal, pair, cap)
+    return _attend_packed(q_t, k_t, v_t, cu_q, cu_k, scale_value, is_causal, pair, cap, sink_t)
 
 
 def _attend_packed(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: np.ndarray, cu_k: np.ndarray,
     scale: float, is_causal: bool, window: tuple[int | None, int | None] | None,
-    softcap: float | None,
+    softcap: float | None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (total_q, H, D), (total_k, Hkv, D), (total_k, Hkv, Dv) -> (total_q, H, Dv)
     total_q, H, D = q.shape
     Hkv, Dv = k.shape[1], v.shape[2]
@@ -125,10 +130,19 @@ def _attend_packed(
                               causal_alignment="bottom_right")
         if window is not None and band is not None:  # else is_causal alone: the fused kernel's
             allowed = band_allowed(band, T, S, q.device)  # (T, S)
-        # (n, Hkv, G, T, D) against (n, Hkv, 1, S, ·): the key/value heads are not copied.
-        out_g = cast(torch.Tensor, attend(q_g, k_g, v_g, allowed, None, scale,
-                                          is_causal=is_causal and allowed is None,
-                                          softcap=softcap))  # (n, Hkv, G, T, Dv)
+        if sinks is not None:  # the kernel takes one sink per head of q: (n, H, ·, ·)
+            q_h = q_g.reshape(n, H, T, D)  # head h = g·G + j
+            k_h = k_g.expand(n, Hkv, G, S, D).reshape(n, H, S, D)
+            v_h = v_g.expand(n, Hkv, G, S, Dv).reshape(n, H, S, Dv)
+            out_h = cast(torch.Tensor, attend(q_h, k_h, v_h, allowed, None, scale,
+                                              is_causal=is_causal and allowed is None,
+                                              softcap=softcap, sinks=sinks))  # (n, H, T, Dv)
+            out_g = out_h.reshape(n, Hkv, G, T, Dv)
+        else:
+            # (n, Hkv, G, T, D) against (n, Hkv, 1, S, ·): the key/value heads are not copied.
+            out_g = cast(torch.Tensor, attend(q_g, k_g, v_g, allowed, None, scale,
+                                              is_causal=is_causal and allowed is None,
+                                              softcap=softcap))  # (n, Hkv, G, T, Dv)
         pieces.append(out_g.permute(0, 3, 1, 2, 4).reshape(n * T, H, Dv))  # (n·T, H, Dv)
         rows.append(rows_q.reshape(-1))
     out = q.new_zeros((total_q, H, Dv))  # (total_q, H, Dv); rows of empty sequences stay 0
