@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from attnlab.lens.hf_lens import (
     head_importance,
     logit_lens,
     patch,
+    patch_sweep,
     repeated_tokens_scores,
 )
 
@@ -192,6 +194,46 @@ def test_patching_a_heads_z_equals_editing_the_output_projections_input(models, 
     # the same float32 operations on the same values: 1e-6
     np.testing.assert_allclose(patched.numpy(), expected.numpy(), atol=1e-6)
     assert (patched - dirty).abs().max() > 1e-5  # the patch changed something
+
+
+def _reference_patch(model, layer: int, head: int):
+    """The corrupted run's logits with one head's z from the clean run at every position,
+    by torch's own forward pre-hooks on o_proj / c_proj (input: the heads' z side by side)."""
+    D = model.config.hidden_size // model.config.num_attention_heads
+    columns = slice(head * D, (head + 1) * D)
+    seen = {}
+    projection = _projection(model, layer)
+
+    def write(module, args):
+        x = args[0].clone()
+        x[..., columns] = seen["z"][..., columns]
+        return (x,)
+
+    with torch.no_grad():
+        handle = projection.register_forward_pre_hook(
+            lambda module, args: seen.update(z=args[0].detach().clone()))
+        model(input_ids=IDS)
+        handle.remove()
+        handle = projection.register_forward_pre_hook(write)
+        logits = model(input_ids=CORRUPTED).logits
+        handle.remove()
+    return logits
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_patch_sweep_entries_are_single_head_patches(models, kind) -> None:
+    model = models[kind]
+
+    def metric(output):  # logit difference of two answers at the last position
+        return output.logits[0, -1, 2003] - output.logits[0, -1, 1996]
+
+    sweep = patch_sweep(model, {"input_ids": IDS}, {"input_ids": CORRUPTED}, metric)
+    assert sweep.shape == (2, 4)
+    for layer, head in ((0, 1), (1, 3)):
+        expected = float(metric(SimpleNamespace(logits=_reference_patch(model, layer, head))))
+        # the same float32 operations on the same values: 1e-6
+        assert sweep[layer, head] == pytest.approx(expected, abs=1e-6)
+    assert np.ptp(sweep) > 1e-5  # the heads differ
 
 
 def test_direct_logit_attribution_rebuilds_the_logit_llama(models) -> None:

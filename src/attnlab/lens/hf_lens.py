@@ -9,7 +9,8 @@ with :func:`attnlab.lens.run_with_hooks` / :func:`~attnlab.lens.run_with_cache`:
   or replace it by its mean over the positions (mean ablation); returns the logits.
 - :func:`patch`: run the corrupted inputs with chosen heads' z (``hook_z``) or chosen
   layers' residual stream (``hook_resid_post``) taken from the clean run, at every
-  position or at chosen ones (activation patching, Meng et al. 2022).
+  position or at chosen ones (activation patching, Meng et al. 2022); :func:`patch_sweep`
+  a metric of the output with each head patched alone, (L, H).
 - :func:`head_importance`: |∂ metric / ∂ g_{l,h}| for a gate g multiplying each head's z,
   at g = 1, by torch autograd (Michel et al. 2019).
 - :func:`logit_lens`: each layer's residual stream through the final norm and the
@@ -33,7 +34,7 @@ import numpy as np
 from ..errors import AttnlabError
 
 __all__ = ["ablate_heads", "direct_logit_attribution", "final_norm_and_unembed",
-           "head_importance", "logit_lens", "patch", "repeated_tokens_scores"]
+           "head_importance", "logit_lens", "patch", "patch_sweep", "repeated_tokens_scores"]
 
 
 def _heads(heads: Any, L: int, H: int) -> dict[int, list[int]]:
@@ -112,6 +113,14 @@ def patch(model: Any, clean: dict[str, Any], corrupted: dict[str, Any], *,
     if not names:
         raise AttnlabError("heads, layers: expected at least one to patch, got none")
     _, cache = run_with_cache(model, names=names, **clean)
+    edit = _patcher(cache, by_layer if heads is not None else None, positions)
+    return run_with_hooks(model, hooks=[(name, edit) for name in names], **corrupted)
+
+
+def _patcher(cache: Any, by_layer: dict[int, list[int]] | None,
+             positions: Sequence[int] | None) -> Callable[[Any, str], Any]:
+    """The hook that writes the clean run's values (``cache``) into the corrupted run: the
+    heads ``by_layer`` of hook_z, or (None) the whole hook_resid_post, at ``positions``."""
 
     def edit(value: Any, name: str) -> Any:
         source = cache[name]
@@ -129,7 +138,7 @@ def patch(model: Any, clean: dict[str, Any], corrupted: dict[str, Any], *,
         value = value.clone()
         index: list[Any] = [slice(None)] * value.dim()
         index[time_axis] = where
-        if heads is not None:
+        if by_layer is not None:
             for head in by_layer[int(name.split(".")[1])]:
                 index[1] = head
                 value[tuple(index)] = source[tuple(index)].to(value.dtype)
@@ -137,7 +146,37 @@ def patch(model: Any, clean: dict[str, Any], corrupted: dict[str, Any], *,
             value[tuple(index)] = source[tuple(index)].to(value.dtype)
         return value
 
-    return run_with_hooks(model, hooks=[(name, edit) for name in names], **corrupted)
+    return edit
+
+
+def patch_sweep(model: Any, clean: dict[str, Any], corrupted: dict[str, Any],
+                metric: Callable[[Any], Any], *,
+                positions: Sequence[int] | None = None) -> np.ndarray:
+    """(L, H): ``metric`` of the corrupted run's output with one head's z patched from the
+    clean run, for every head (one clean run, L·H corrupted runs). ``metric`` maps the
+    output to a number (a scalar tensor or a float), e.g. the logit difference of the
+    right and the wrong answer at the last position."""
+    import torch
+
+    from . import run_with_cache, run_with_hooks
+
+    for name, inputs in (("clean", clean), ("corrupted", corrupted)):
+        if not isinstance(inputs, dict) or not inputs:
+            raise AttnlabError(f"{name}: expected the model's keyword inputs as a dict "
+                               f"(e.g. {{'input_ids': ids}}), got {inputs!r}")
+    if not callable(metric):
+        raise AttnlabError(f"metric: expected a function of the model's output, got {metric!r}")
+    L, H = _shape(model)
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(L)]
+    scores = np.empty((L, H))
+    with torch.no_grad():
+        _, cache = run_with_cache(model, names=names, **clean)
+        for layer in range(L):
+            for head in range(H):
+                edit = _patcher(cache, {layer: [head]}, positions)
+                output = run_with_hooks(model, hooks=[(names[layer], edit)], **corrupted)
+                scores[layer, head] = float(metric(output))
+    return scores
 
 
 def head_importance(model: Any, metric: Callable[[Any], Any], **inputs: Any) -> np.ndarray:
