@@ -307,6 +307,24 @@ lesson(
        "Article 000 gives each head its own Wq, Wk, Wv and concatenates; article 001 "
        "projects once to d_model and splits into h heads with `.view(B, T, h, d_k)"
        ".transpose(1, 2)`. They are the same computation (the last exercise checks it)."),
+    md("## 先看图：每个张量的形状\n\n"
+       "下图从 X (T, E) 一路画到输出 (T, E)，每一步旁边写着形状，数字取 T = 4 个词元、H = 2 个头、E = 8，"
+       "所以每个头的维度 D = E / H = 4。注意形状只在两处改变布局：拆头（view + transpose 得到 (H, T, D)）"
+       "和拼接（transpose 回来再 reshape 成 (T, H·Dv)）；每个头的分数和权重都是 (T, T) 的方阵。"
+       "右边两栏是同一个子层外面的两种包法：原文 001 的后置规范化 `LayerNorm(x + attention(x))`，"
+       "和 GPT-2 之后常用的前置规范化 `x + attention(LayerNorm(x))`（第 8 课再细讲）。"
+       "命令行里也能画：`attnlab draw dataflow --lang zh --heads 4 --d-model 16`。",
+       "## First the picture: the shape of every tensor\n\n"
+       "The figure goes from X (T, E) to the output (T, E), each step with its shape, for "
+       "T = 4 tokens, H = 2 heads and E = 8, so each head has D = E / H = 4. The layout "
+       "changes in only two places: the split (view + transpose gives (H, T, D)) and the "
+       "concatenation (transpose back, reshape to (T, H·Dv)); each head's scores and "
+       "weights are a square (T, T). The two columns on the right wrap the same sublayer "
+       "two ways: article 001's post-LN `LayerNorm(x + attention(x))` and the pre-LN "
+       "`x + attention(LayerNorm(x))` used since GPT-2 (more in lesson 8). From the "
+       "command line: `attnlab draw dataflow --heads 4 --d-model 16`."),
+    code("from attnlab.report.dataflow import draw_dataflow\n"
+         "draw_dataflow(LANG, T=4, num_heads=2, d_model=8)"),
     md("## 动手写（1）：拆成多个头\n\n(B, T, E) → (B, H, T, D)，D = E / H。",
        "## Your turn (1): split into heads\n\n(B, T, E) → (B, H, T, D), D = E / H."),
     write("split_heads", "split_heads(x, num_heads)", "(B, T, E) -> (B, H, T, D)", "(B, T, E) -> (B, H, T, D)",

@@ -122,11 +122,14 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("ring", "--out"): "配合 --simulate：另外把 ring.png（进程 × 步骤）和 ring.txt 写到这里",
     ("ring", ""): "在 W 个本地进程（gloo）上运行环形注意力，或用 NumPy 模拟它",
     # draw
-    ("draw", ""): "画出一个概念：Flash Attention 的分块、KV 缓存、位置编码、稀疏模式",
-    ("draw", "description"): "把一个概念画成 PNG：flash（按键分块，逐步显示运行最大值与运行和）、kvcache（每一步解码后完整缓存与滚动窗口中存放的内容）、positions（正弦位置编码表、RoPE 的角度与相对位置分数）、sparse（滑动窗口、全局词元和 BigBird 块各保留哪些键；Linformer 和 Nyström 的权重与精确权重并排）。",
-    ("draw", "names"): "flash、kvcache、positions、sparse 中的一个或多个，或 all",
+    ("draw", ""): "画出一个概念：多头注意力的数据流、Flash Attention 的分块、KV 缓存、位置编码、稀疏模式",
+    ("draw", "description"): "把一个概念画成 PNG：dataflow（多头注意力从 X 到输出的数据流，标出每个张量的形状；以及后置规范化 Post-LN 与前置规范化 Pre-LN 两种残差块）、flash（按键分块，逐步显示运行最大值与运行和）、kvcache（每一步解码后完整缓存与滚动窗口中存放的内容）、positions（正弦位置编码表、RoPE 的角度与相对位置分数）、sparse（滑动窗口、全局词元和 BigBird 块各保留哪些键；Linformer 和 Nyström 的权重与精确权重并排）。",
+    ("draw", "names"): "dataflow、flash、kvcache、positions、sparse 中的一个或多个，或 all",
     ("draw", "--lang"): "输出语言",
     ("draw", "--out"): "NAME.png 的文件夹（默认当前文件夹）",
+    ("draw", "--tokens"): '仅用于 dataflow：词元标签，以空格分隔，例如 "小明 去了 学校"；标签的个数就是图中形状里的 T（默认 3 个词元）',
+    ("draw", "--heads"): "仅用于 dataflow：头数 H（默认 2）",
+    ("draw", "--d-model"): "仅用于 dataflow：模型宽度 E，须是 --heads 的倍数（默认 8）",
     # profile
     ("profile", ""): "BERT 中注意力与前馈网络的时间和 FLOPs 占比（MiniLM 与 BERT-base）",
     ("profile", "description"): "逐模块为 BERT 的一次前向计算计时（真实模块中的注意力、前馈网络、LayerNorm 调用和其余部分），并逐部分统计 FLOPs（Q/K/V/输出投影、QKᵀ、softmax、·V、前馈网络、其余），在多个序列长度上进行。",

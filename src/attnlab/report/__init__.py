@@ -9,7 +9,7 @@ is made in the layers below; everything here turns it into words, pictures and p
     print(report.to_text(trace, "zh"))     # or to_markdown(trace), to_json(trace)
     report.save(trace, "out/")             # heatmap.png, heatmap.svg, trace.json, trace.md
     report.view(trace)                     # the interactive viewer (shows itself in Jupyter)
-    report.draw("flash", lang="zh")        # a concept: flash, kvcache, positions, sparse
+    report.draw("flash", lang="zh")        # a concept: dataflow, flash, kvcache, positions, sparse
 """
 
 from .concepts import draw, draw_all

@@ -1,8 +1,9 @@
-"""A picture for each concept the seeds teach beyond the plain formula: flash
-attention's tiles, the KV cache, positional encodings, sparse and low-rank attention.
+"""A picture for each concept the seeds teach beyond the plain formula: multi-head
+attention's data flow (drawn in :mod:`.dataflow`), flash attention's tiles, the KV
+cache, positional encodings, sparse and low-rank attention.
 
     draw("flash", lang="zh")          # -> a matplotlib Figure
-    draw_all("out/", lang="zh")       # flash.png, kvcache.png, positions.png, sparse.png
+    draw_all("out/", lang="zh")       # dataflow.png, flash.png, kvcache.png, ...
 
 The numbers come from :mod:`attnlab.lens.concepts` (which runs the fast paths);
 this module only draws them. matplotlib is imported inside the functions.
@@ -25,6 +26,7 @@ from ..lens.concepts import (
     position_patterns,
     sparse_patterns,
 )
+from .dataflow import draw_dataflow
 from .figures import new_figure, save_figure
 from .fonts import font_context, warn_if_cjk_unrenderable
 from .heatmaps import declutter_ticks, hatch_blocked
@@ -35,8 +37,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["CONCEPTS", "draw", "draw_all", "draw_flash", "draw_kvcache", "draw_positions",
-           "draw_sparse"]
+__all__ = ["CONCEPTS", "draw", "draw_all", "draw_dataflow", "draw_flash", "draw_kvcache",
+           "draw_positions", "draw_sparse"]
 
 
 def _cells(ax: Axes, rows: int, cols: int) -> None:
@@ -219,13 +221,14 @@ def draw_sparse(lang: Lang = "en", *, T: int = 24, window: int = 5, block_size: 
 
 #: ``attnlab draw NAME``: name -> drawing function.
 CONCEPTS: dict[str, Callable[[Lang], Figure]] = {
-    "flash": draw_flash, "kvcache": draw_kvcache, "positions": draw_positions,
-    "sparse": draw_sparse,
+    "dataflow": draw_dataflow, "flash": draw_flash, "kvcache": draw_kvcache,
+    "positions": draw_positions, "sparse": draw_sparse,
 }
 
 
 def draw(name: str, *, lang: Lang = "en") -> Figure:
-    """The picture of one concept: "flash", "kvcache", "positions" or "sparse"."""
+    """The picture of one concept: "dataflow", "flash", "kvcache", "positions" or
+    "sparse"."""
     if name not in CONCEPTS:
         raise AttnlabError(f"name: expected one of {list(CONCEPTS)}, got {name!r}")
     return CONCEPTS[name](check_lang(lang))
