@@ -149,3 +149,41 @@ def test_varlen_refuses_bad_sinks():
     cu_q, cu_k = cu_seqlens_from_lengths(LENGTHS_Q), cu_seqlens_from_lengths(LENGTHS_K)
     with pytest.raises(AttnlabError, match=r"sinks: expected one logit per head .*\(4\)"):
         varlen_attention(q, k, v, cu_q, cu_k, 4, 5, sinks=np.zeros(HKV))
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flash_varlen_with_sinks_forward_and_backward(is_causal):
+    """flash varlen == plain varlen (out) and each sequence's sdpa (lse, every gradient,
+    the sinks' summed over the sequences), float64, 1e-12."""
+    from attnlab.backward import sdpa_backward
+    from attnlab.fast.varlen import flash_varlen_attention, flash_varlen_attention_backward
+
+    q, k, v, sinks = _packed(7)
+    cu_q, cu_k = cu_seqlens_from_lengths(LENGTHS_Q), cu_seqlens_from_lengths(LENGTHS_K)
+    out, lse = flash_varlen_attention(q, k, v, cu_q, cu_k, 4, 5, is_causal=is_causal,
+                                      sinks=sinks, return_lse=True, block_q=2, block_k=2)
+    np.testing.assert_allclose(out, _per_sequence(q, k, v, sinks, is_causal), atol=1e-12,
+                               rtol=0)
+    dout = np.random.default_rng(8).standard_normal(out.shape)
+    grads = flash_varlen_attention_backward(q, k, v, out, lse, dout, cu_q, cu_k, 4, 5,
+                                            is_causal=is_causal, sinks=sinks, block_q=2,
+                                            block_k=2)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    dsinks = np.zeros(H)
+    for b, (T, S) in enumerate(zip(LENGTHS_Q, LENGTHS_K, strict=True)):
+        rq, rk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if T == 0 or S == 0:  # lse is the sink's logit alone; no gradient flows
+            np.testing.assert_array_equal(lse[:, rq], np.broadcast_to(sinks[:, None], (H, T)))
+            continue
+        mask = np.tril(np.ones((T, S), dtype=bool), S - T) if is_causal else None
+        args = [x[r].transpose(1, 0, 2) for x, r in ((q, rq), (k, rk), (v, rk))]
+        _, ref_lse = attnlab.scaled_dot_product_attention(*args, mask, sinks=sinks,
+                                                          enable_gqa=True, return_lse=True)
+        np.testing.assert_allclose(lse[:, rq], ref_lse, atol=1e-12, rtol=0)
+        ref = sdpa_backward(*args, dout[rq].transpose(1, 0, 2), mask, sinks=sinks,
+                            enable_gqa=True)
+        dq[rq], dk[rk], dv[rk] = (g.transpose(1, 0, 2) for g in (ref.dq, ref.dk, ref.dv))
+        dsinks += ref.dsinks
+    for got, expected in zip(grads, (dq, dk, dv, dsinks), strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-12, rtol=0)
+    assert np.abs(grads.dsinks).max() > 1e-3  # the sinks' gradient is not trivially 0

@@ -1,12 +1,15 @@
 """attnlab.lens.hf_lens on Hugging Face models running attnlab's attention (random Llama
 with grouped heads, GPT-2). References: weight surgery on a copy of the model (zeroed
-o_proj / c_proj columns or rows), the model's own logits, finite differences of a gate.
+o_proj / c_proj columns or rows), the model's own logits, finite differences of a gate,
+torch's own module hooks on o_proj / c_proj (patching), and the logit rebuilt by hand from
+the embeddings, the MLPs' outputs and the heads (direct logit attribution).
 """
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,12 +21,16 @@ import attnlab.hf
 from attnlab.errors import AttnlabError
 from attnlab.lens.hf_lens import (
     ablate_heads,
+    direct_logit_attribution,
     head_importance,
     logit_lens,
+    patch,
+    patch_sweep,
     repeated_tokens_scores,
 )
 
 IDS = torch.tensor([[101, 1996, 4937, 2938, 2006, 1996, 13523, 1012, 102]])
+CORRUPTED = torch.tensor([[101, 1996, 3899, 2938, 2006, 1996, 13523, 1012, 102]])  # cat -> dog
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +137,183 @@ def test_bad_heads_are_named(models) -> None:
         ablate_heads(models["llama"], [(2, 0)], input_ids=IDS)
     with pytest.raises(AttnlabError, match="how: expected 'zero' or 'mean'"):
         ablate_heads(models["llama"], [(0, 0)], how="half", input_ids=IDS)
+
+
+def _projection(model, layer: int):
+    return (model.model.layers[layer].self_attn.o_proj if hasattr(model, "model")
+            else model.transformer.h[layer].attn.c_proj)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_patching_resid_post_everywhere_gives_the_clean_run(models, kind) -> None:
+    model = models[kind]
+    with torch.no_grad():
+        clean = model(input_ids=IDS).logits
+        dirty = model(input_ids=CORRUPTED).logits
+        whole = patch(model, {"input_ids": IDS}, {"input_ids": CORRUPTED}, layers=[0]).logits
+        last = patch(model, {"input_ids": IDS}, {"input_ids": CORRUPTED}, layers=[1],
+                     positions=[-1]).logits
+    assert (clean - dirty).abs().max() > 1e-3  # the corruption matters
+    # Layer 1 reads only layer 0's output (same positions, same mask): the clean run's
+    # logits, by the same float32 operations on the same tensors: 1e-6.
+    np.testing.assert_allclose(whole.numpy(), clean.numpy(), atol=1e-6)
+    # The last layer's output at the last position: that row is clean's, the others stay
+    # the corrupted run's (the final norm and unembedding work position by position).
+    np.testing.assert_allclose(last[0, -1].numpy(), clean[0, -1].numpy(), atol=1e-6)
+    np.testing.assert_allclose(last[0, :-1].numpy(), dirty[0, :-1].numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_patching_a_heads_z_equals_editing_the_output_projections_input(models, kind) -> None:
+    """Reference: torch's own forward pre-hooks on o_proj / c_proj, whose input is the
+    heads' z side by side (B, T, H·D): read in the clean run, head 2's slice at positions
+    2 and 3 written into the corrupted run."""
+    model, layer, head = models[kind], 0, 2
+    D = model.config.hidden_size // model.config.num_attention_heads
+    seen = {}
+    projection = _projection(model, layer)
+
+    def read(module, args):
+        seen["z"] = args[0].detach().clone()
+
+    def write(module, args):
+        x = args[0].clone()
+        x[:, 2:4, head * D:(head + 1) * D] = seen["z"][:, 2:4, head * D:(head + 1) * D]
+        return (x,)
+
+    with torch.no_grad():
+        handle = projection.register_forward_pre_hook(read)
+        model(input_ids=IDS)
+        handle.remove()
+        handle = projection.register_forward_pre_hook(write)
+        expected = model(input_ids=CORRUPTED).logits
+        handle.remove()
+        patched = patch(model, {"input_ids": IDS}, {"input_ids": CORRUPTED},
+                        heads=[(layer, head)], positions=[2, 3]).logits
+        dirty = model(input_ids=CORRUPTED).logits
+    # the same float32 operations on the same values: 1e-6
+    np.testing.assert_allclose(patched.numpy(), expected.numpy(), atol=1e-6)
+    assert (patched - dirty).abs().max() > 1e-5  # the patch changed something
+
+
+def _reference_patch(model, layer: int, head: int):
+    """The corrupted run's logits with one head's z from the clean run at every position,
+    by torch's own forward pre-hooks on o_proj / c_proj (input: the heads' z side by side)."""
+    D = model.config.hidden_size // model.config.num_attention_heads
+    columns = slice(head * D, (head + 1) * D)
+    seen = {}
+    projection = _projection(model, layer)
+
+    def write(module, args):
+        x = args[0].clone()
+        x[..., columns] = seen["z"][..., columns]
+        return (x,)
+
+    with torch.no_grad():
+        handle = projection.register_forward_pre_hook(
+            lambda module, args: seen.update(z=args[0].detach().clone()))
+        model(input_ids=IDS)
+        handle.remove()
+        handle = projection.register_forward_pre_hook(write)
+        logits = model(input_ids=CORRUPTED).logits
+        handle.remove()
+    return logits
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_patch_sweep_entries_are_single_head_patches(models, kind) -> None:
+    model = models[kind]
+
+    def metric(output):  # logit difference of two answers at the last position
+        return output.logits[0, -1, 2003] - output.logits[0, -1, 1996]
+
+    sweep = patch_sweep(model, {"input_ids": IDS}, {"input_ids": CORRUPTED}, metric)
+    assert sweep.shape == (2, 4)
+    for layer, head in ((0, 1), (1, 3)):
+        expected = float(metric(SimpleNamespace(logits=_reference_patch(model, layer, head))))
+        # the same float32 operations on the same values: 1e-6
+        assert sweep[layer, head] == pytest.approx(expected, abs=1e-6)
+    assert np.ptp(sweep) > 1e-5  # the heads differ
+
+
+def test_direct_logit_attribution_rebuilds_the_logit_llama(models) -> None:
+    """The logit = (embedding + each MLP's output + each head's output) · frozen norm ·
+    W_U[token]: the heads' part from attribution, the rest and the logit read with
+    torch's own hooks (Llama: no biases anywhere)."""
+    model = models["llama"]
+    seen: dict[str, torch.Tensor] = {}
+    handles = [model.model.embed_tokens.register_forward_hook(
+        lambda m, a, out: seen.update(embed=out[0]))]
+    for index, layer in enumerate(model.model.layers):
+        handles.append(layer.mlp.register_forward_hook(
+            lambda m, a, out, i=index: seen.update({f"mlp{i}": out[0]})))
+        handles.append(layer.self_attn.o_proj.register_forward_pre_hook(
+            lambda m, a, i=index: seen.update({f"z{i}": a[0][0]})))
+    handles.append(model.model.norm.register_forward_pre_hook(
+        lambda m, a: seen.update(final=a[0][0])))
+    with torch.no_grad():
+        logits = model(input_ids=IDS).logits[0, -1]
+    for handle in handles:
+        handle.remove()
+    scores, token = direct_logit_attribution(model, input_ids=IDS)
+    assert scores.shape == (2, 4) and token == int(logits.argmax())
+    norm, W_U = model.model.norm, model.lm_head.weight.detach()
+    with torch.no_grad():
+        x = seen["final"][-1]
+        direction = norm.weight * torch.rsqrt(x.pow(2).mean() + norm.variance_epsilon) * W_U[token]
+        D = 8
+        hand = np.empty((2, 4))
+        for layer in range(2):
+            w_o = model.model.layers[layer].self_attn.o_proj.weight
+            for head in range(4):
+                r = w_o[:, head * D:(head + 1) * D] @ seen[f"z{layer}"][-1, head * D:(head + 1) * D]
+                hand[layer, head] = float(r @ direction)
+        rest = seen["embed"][-1] + seen["mlp0"][-1] + seen["mlp1"][-1]
+        rebuilt = float(rest @ direction) + scores.sum()
+    # float32 products of width 32 (|terms| < 1): 1e-5
+    np.testing.assert_allclose(scores, hand, atol=1e-5)
+    assert rebuilt == pytest.approx(float(logits[token]), abs=1e-5)
+    other, _ = direct_logit_attribution(model, token=2003, position=3, input_ids=IDS)
+    assert np.abs(other - scores).max() > 1e-4
+
+
+def test_direct_logit_attribution_rebuilds_the_logit_gpt2(models) -> None:
+    """GPT-2: LayerNorm (centring, frozen scale, bias) and Conv1D projections with
+    biases; every other term read with torch's own hooks."""
+    model = models["gpt2"]
+    body = model.transformer
+    seen: dict[str, torch.Tensor] = {}
+    handles = [body.drop.register_forward_hook(lambda m, a, out: seen.update(embed=out[0]))]
+    for index, block in enumerate(body.h):
+        handles.append(block.mlp.register_forward_hook(
+            lambda m, a, out, i=index: seen.update({f"mlp{i}": out[0]})))
+    handles.append(body.ln_f.register_forward_pre_hook(
+        lambda m, a: seen.update(final=a[0][0])))
+    with torch.no_grad():
+        logits = model(input_ids=IDS).logits[0, -1]
+    for handle in handles:
+        handle.remove()
+    scores, token = direct_logit_attribution(model, token=1996, input_ids=IDS)
+    ln, W_U = body.ln_f, model.lm_head.weight.detach()
+    with torch.no_grad():
+        x = seen["final"][-1]
+        scale = torch.rsqrt((x - x.mean()).pow(2).mean() + ln.eps)
+        rest = seen["embed"][-1] + seen["mlp0"][-1] + seen["mlp1"][-1] + sum(
+            block.attn.c_proj.bias for block in body.h)
+        rebuilt = float(((rest - rest.mean()) * scale * ln.weight + ln.bias) @ W_U[token])
+    # float32 sums over width 32 and the head terms: 1e-5
+    assert rebuilt + scores.sum() == pytest.approx(float(logits[token]), abs=1e-5)
+
+
+def test_bad_patch_requests_are_named(models) -> None:
+    model, clean, dirty = models["llama"], {"input_ids": IDS}, {"input_ids": CORRUPTED}
+    with pytest.raises(AttnlabError, match="heads, layers: expected exactly one"):
+        patch(model, clean, dirty)
+    with pytest.raises(AttnlabError, match=r"layers: expected layers in \[0, 2\)"):
+        patch(model, clean, dirty, layers=[2])
+    with pytest.raises(AttnlabError, match=r"positions: expected positions in \[-9, 9\)"):
+        patch(model, clean, dirty, layers=[0], positions=[9])
+    with pytest.raises(AttnlabError, match="corrupted: expected inputs of the clean run's"):
+        patch(model, clean, {"input_ids": IDS[:, :5]}, layers=[0])
+    with pytest.raises(AttnlabError, match="token: expected a token id"):
+        direct_logit_attribution(model, token=-1, input_ids=IDS)

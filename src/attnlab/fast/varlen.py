@@ -31,7 +31,9 @@ FlashAttention's ``window_size=(left, right)``, -1 = unbounded) and
 ``softcap`` (c·tanh(scores / c)), as in ``flash_attn_varlen_func``. Query
 head h reads key/value head h // (H / Hkv) (GQA, as FlashAttention's varlen
 accepts). A sequence with no
-keys, or a causal query that sees none, gets output 0 (lse -inf).
+keys, or a causal query that sees none, gets output 0 (lse -inf; the sink's logit
+with ``sinks`` (H,), one logit per query head that joins each row's softmax and
+takes no value, as in :func:`attnlab.scaled_dot_product_attention`).
 
 - :func:`varlen_attention` is the plain path: per sequence it builds the
   (H, T_b, S_b) score matrix, never a (total_q, total_k) one; sequences of the
@@ -77,12 +79,19 @@ from ..kernel import (
 from ..masks import band_mask
 from ..messages import msg
 from ..shapes import attention_band, check_window_pair
-from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention, flash_attention_backward
+from .flash import (
+    DEFAULT_BLOCK_K,
+    DEFAULT_BLOCK_Q,
+    flash_attention,
+    flash_attention_backward,
+    join_sinks,
+)
 from .flash_parts import as_forward
 
 __all__ = [
     "VarlenGrads",
     "VarlenInputs",
+    "VarlenSinkGrads",
     "attend_packed",
     "check_cu_seqlens",
     "check_max_seqlen",
@@ -107,6 +116,16 @@ class VarlenGrads(NamedTuple):
     dq: np.ndarray  # (total_q, H, D)
     dk: np.ndarray  # (total_k, Hkv, D)
     dv: np.ndarray  # (total_k, Hkv, Dv)
+
+
+class VarlenSinkGrads(NamedTuple):
+    """Gradients of a varlen attention with ``sinks``: those of :class:`VarlenGrads` and the
+    sink logits'."""
+
+    dq: np.ndarray  # (total_q, H, D)
+    dk: np.ndarray  # (total_k, Hkv, D)
+    dv: np.ndarray  # (total_k, Hkv, Dv)
+    dsinks: np.ndarray  # (H,)
 
 
 @dataclass(frozen=True)
@@ -471,14 +490,14 @@ def flash_varlen_attention(
     q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
     max_seqlen_k: int, *, is_causal: bool = ..., scale: float | None = ..., block_q: int = ...,
     block_k: int = ..., return_lse: Literal[False] = ..., window: Any = ...,
-    softcap: float | None = ...,
+    softcap: float | None = ..., sinks: Any = ...,
 ) -> np.ndarray: ...
 @overload
 def flash_varlen_attention(
     q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
     max_seqlen_k: int, *, is_causal: bool = ..., scale: float | None = ..., block_q: int = ...,
     block_k: int = ..., return_lse: Literal[True], window: Any = ...,
-    softcap: float | None = ...,
+    softcap: float | None = ..., sinks: Any = ...,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 def flash_varlen_attention(
     q: Any,
@@ -496,6 +515,7 @@ def flash_varlen_attention(
     return_lse: bool = False,
     window: Any = None,
     softcap: float | None = None,
+    sinks: Any = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """:func:`varlen_attention` computed tile by tile: no score matrix, O(total) memory.
 
@@ -510,7 +530,9 @@ def flash_varlen_attention(
     ``is_causal``, ``window`` and ``softcap``; flash skips the tiles outside a
     sequence's band), with the log-sum-exp of each query's scores (-inf for a
     query with nothing to attend to), which :func:`flash_varlen_attention_backward`
-    needs.
+    needs. With ``sinks`` (H,) each sequence's output and lse are joined with the
+    sinks as :func:`attnlab.fast.flash.flash_attention` joins them (lse = the sink's
+    logit for a query with no key); pass the same sinks to the backward.
     """
     inputs = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                  max_seqlen_k, is_causal=is_causal, scale=scale, window=window,
@@ -520,8 +542,13 @@ def flash_varlen_attention(
     return_lse = check_flag(return_lse, "return_lse")
     total_q, H = inputs.q.shape[:2]
     Dv = inputs.v.shape[2]
+    sink_logits = check_sinks(sinks, (H,), _LSE_DTYPE)  # (H, 1, 1)
     out = np.zeros((total_q, H, Dv), dtype=inputs.q.dtype)  # (total_q, H, Dv)
     lse = np.full((H, total_q), -np.inf, dtype=_LSE_DTYPE)  # (H, total_q)
+    if sink_logits is not None:  # a query with no key: all its weight on the sink
+        lse[:] = sink_logits[:, :, 0]
+    group_sinks = None if sink_logits is None else sink_logits.reshape(
+        inputs.num_kv_heads, H // inputs.num_kv_heads, 1, 1)  # (Hkv, G, 1, 1), head g·G + j
     for b in range(inputs.cu_seqlens_q.size - 1):
         rows_q, rows_k, q_b, k_b, v_b = _sequence_views(inputs, b)
         T = rows_q.stop - rows_q.start
@@ -531,6 +558,8 @@ def flash_varlen_attention(
                                        scale=inputs.scale, block_q=block_q, block_k=block_k,
                                        return_lse=True, window=inputs.window_pair,
                                        softcap=inputs.softcap)  # (Hkv, G, T, Dv), (Hkv, G, T)
+        if group_sinks is not None:
+            out_b, lse_b = join_sinks(out_b, lse_b, group_sinks)
         out[rows_q] = out_b.reshape(H, T, Dv).transpose(1, 0, 2)  # (T, H, Dv)
         lse[:, rows_q] = lse_b.reshape(H, T)
     out = out.astype(inputs.out_dtype, copy=False)
@@ -555,7 +584,8 @@ def flash_varlen_attention_backward(
     block_k: int = DEFAULT_BLOCK_K,
     window: Any = None,
     softcap: float | None = None,
-) -> VarlenGrads:
+    sinks: Any = None,
+) -> VarlenGrads | VarlenSinkGrads:
     """Gradients of :func:`flash_varlen_attention`, tile by tile from its log-sum-exp.
 
     Shapes: q, k, v, cu_seqlens as in the forward; out (total_q, H, Dv) and
@@ -563,7 +593,10 @@ def flash_varlen_attention_backward(
     ∂L/∂out -> dq (total_q, H, D), dk (total_k, Hkv, D), dv (total_k, Hkv, Dv).
 
     Per sequence, :func:`attnlab.fast.flash.flash_attention_backward`: no score
-    matrix is stored. Equivalent to :func:`varlen_attention_backward`.
+    matrix is stored. Equivalent to :func:`varlen_attention_backward`. With ``sinks``
+    (H,), the forward's: out and lse are the sink-joined ones, and the result is a
+    :class:`VarlenSinkGrads` with dsinks (H,) too (each key/value head's G query heads
+    then go through the flash backward apart, one sink per query head).
     """
     inputs = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                  max_seqlen_k, is_causal=is_causal, scale=scale, window=window,
@@ -576,8 +609,11 @@ def flash_varlen_attention_backward(
     out_arr = as_forward(out, "out", (total_q, H, Dv), "(total_q, H, Dv)", dtype)
     lse_arr = as_forward(lse, "lse", (H, total_q), "(H, total_q)", _LSE_DTYPE, allow_neginf=True)
     dout_arr = check_upstream(dout, (total_q, H, Dv), "(total_q, H, Dv)", dtype)
+    sink_logits = check_sinks(sinks, (H,), _LSE_DTYPE)  # (H, 1, 1)
     dq, dk, dv = (np.zeros_like(a) for a in (inputs.q, inputs.k, inputs.v))
+    dsinks = np.zeros(H, dtype=_LSE_DTYPE)  # (H,)
     Hkv = inputs.num_kv_heads
+    G = H // Hkv
     for b in range(inputs.cu_seqlens_q.size - 1):
         rows_q, rows_k, q_b, k_b, v_b = _sequence_views(inputs, b)
         T = rows_q.stop - rows_q.start
@@ -586,6 +622,20 @@ def flash_varlen_attention_backward(
         out_b = _grouped_view(out_arr[None, rows_q], Hkv)[0]  # (Hkv, G, T, Dv)
         dout_b = _grouped_view(dout_arr[None, rows_q], Hkv)[0]  # (Hkv, G, T, Dv)
         lse_b = lse_arr[:, rows_q].reshape(Hkv, H // Hkv, T)  # (Hkv, G, T)
+        if sink_logits is not None:  # one key/value head at a time: its G heads' G sinks
+            for g in range(Hkv):
+                heads = slice(g * G, (g + 1) * G)
+                dq_g, dk_g, dv_g, ds_g = flash_attention_backward(
+                    q_b[g], k_b[g], v_b[g], out_b[g], lse_b[g], dout_b[g],
+                    is_causal=inputs.is_causal, scale=inputs.scale, block_q=block_q,
+                    block_k=block_k, window=inputs.window_pair, softcap=inputs.softcap,
+                    sinks=sink_logits[heads, 0, 0],
+                )  # (G, T, D), (1, S, D), (1, S, Dv), (G,)
+                dq[rows_q, heads] = dq_g.transpose(1, 0, 2)  # (T, G, D)
+                dk[rows_k, g] = dk_g[0]  # (S, D)
+                dv[rows_k, g] = dv_g[0]  # (S, Dv)
+                dsinks[heads] += ds_g
+            continue
         dq_b, dk_b, dv_b = flash_attention_backward(
             q_b, k_b, v_b, out_b, lse_b, dout_b, is_causal=inputs.is_causal,
             scale=inputs.scale, block_q=block_q, block_k=block_k, window=inputs.window_pair,
@@ -595,4 +645,7 @@ def flash_varlen_attention_backward(
         dk[rows_k] = dk_b[:, 0].transpose(1, 0, 2)  # (S, Hkv, D)
         dv[rows_k] = dv_b[:, 0].transpose(1, 0, 2)  # (S, Hkv, Dv)
     out_dtype = inputs.out_dtype
-    return VarlenGrads(*(g.astype(out_dtype, copy=False) for g in (dq, dk, dv)))
+    dq, dk, dv = (g.astype(out_dtype, copy=False) for g in (dq, dk, dv))
+    if sink_logits is None:
+        return VarlenGrads(dq, dk, dv)
+    return VarlenSinkGrads(dq, dk, dv, dsinks.astype(out_dtype, copy=False))

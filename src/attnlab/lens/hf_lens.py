@@ -7,10 +7,17 @@ with :func:`attnlab.lens.run_with_hooks` / :func:`~attnlab.lens.run_with_cache`:
 
 - :func:`ablate_heads`: zero a head's z (equal to zeroing its columns of W_O, ``o_proj``)
   or replace it by its mean over the positions (mean ablation); returns the logits.
+- :func:`patch`: run the corrupted inputs with chosen heads' z (``hook_z``) or chosen
+  layers' residual stream (``hook_resid_post``) taken from the clean run, at every
+  position or at chosen ones (activation patching, Meng et al. 2022); :func:`patch_sweep`
+  a metric of the output with each head patched alone, (L, H).
 - :func:`head_importance`: |∂ metric / ∂ g_{l,h}| for a gate g multiplying each head's z,
   at g = 1, by torch autograd (Michel et al. 2019).
 - :func:`logit_lens`: each layer's residual stream through the final norm and the
   unembedding (nostalgebraist 2020); at the last layer it is the model's own logits.
+- :func:`direct_logit_attribution`: each head's contribution to one token's logit at
+  one position: its z through its slice of W_O, the final norm's scale (frozen at the
+  run's value: the norm made linear) and the unembedding.
 - :func:`repeated_tokens_scores`: TransformerLens's previous-token, duplicate-token and
   induction scores on a random sequence repeated twice.
 
@@ -26,8 +33,8 @@ import numpy as np
 
 from ..errors import AttnlabError
 
-__all__ = ["ablate_heads", "final_norm_and_unembed", "head_importance", "logit_lens",
-           "repeated_tokens_scores"]
+__all__ = ["ablate_heads", "direct_logit_attribution", "final_norm_and_unembed",
+           "head_importance", "logit_lens", "patch", "patch_sweep", "repeated_tokens_scores"]
 
 
 def _heads(heads: Any, L: int, H: int) -> dict[int, list[int]]:
@@ -72,6 +79,104 @@ def ablate_heads(model: Any, heads: Sequence[tuple[int, int]], *, how: str = "ze
 
     hooks = [(f"blocks.{layer}.attn.hook_z", edit) for layer in by_layer]
     return run_with_hooks(model, hooks=hooks, **inputs)
+
+
+def patch(model: Any, clean: dict[str, Any], corrupted: dict[str, Any], *,
+          heads: Sequence[tuple[int, int]] | None = None, layers: Sequence[int] | None = None,
+          positions: Sequence[int] | None = None) -> Any:
+    """The model's output on ``corrupted`` with activations from ``clean`` patched in.
+
+    ``clean`` and ``corrupted`` are the model's keyword inputs (``{"input_ids": ...}``)
+    of the same shape. Exactly one of ``heads`` [(layer, head), ...] (their
+    ``blocks.{l}.attn.hook_z``, (B, H, T, D)) and ``layers`` [layer, ...] (their
+    ``blocks.{l}.hook_resid_post``, (B, T, E)). ``positions``: the token positions
+    patched (default all). Layers and heads are 0-based.
+    """
+    from . import run_with_cache, run_with_hooks
+
+    for name, inputs in (("clean", clean), ("corrupted", corrupted)):
+        if not isinstance(inputs, dict) or not inputs:
+            raise AttnlabError(f"{name}: expected the model's keyword inputs as a dict "
+                               f"(e.g. {{'input_ids': ids}}), got {inputs!r}")
+    if (heads is None) == (layers is None):
+        raise AttnlabError("heads, layers: expected exactly one of them (heads patch hook_z, "
+                           f"layers hook_resid_post), got heads={heads!r}, layers={layers!r}")
+    L, H = _shape(model)
+    if heads is not None:
+        by_layer = _heads(heads, L, H)
+        names = [f"blocks.{layer}.attn.hook_z" for layer in by_layer]
+    else:
+        for layer in layers or []:
+            if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < L:
+                raise AttnlabError(f"layers: expected layers in [0, {L}), got {layer!r}")
+        names = [f"blocks.{layer}.hook_resid_post" for layer in dict.fromkeys(layers or [])]
+    if not names:
+        raise AttnlabError("heads, layers: expected at least one to patch, got none")
+    _, cache = run_with_cache(model, names=names, **clean)
+    edit = _patcher(cache, by_layer if heads is not None else None, positions)
+    return run_with_hooks(model, hooks=[(name, edit) for name in names], **corrupted)
+
+
+def _patcher(cache: Any, by_layer: dict[int, list[int]] | None,
+             positions: Sequence[int] | None) -> Callable[[Any, str], Any]:
+    """The hook that writes the clean run's values (``cache``) into the corrupted run: the
+    heads ``by_layer`` of hook_z, or (None) the whole hook_resid_post, at ``positions``."""
+
+    def edit(value: Any, name: str) -> Any:
+        source = cache[name]
+        if tuple(source.shape) != tuple(value.shape):
+            raise AttnlabError(f"corrupted: expected inputs of the clean run's shape ({name} "
+                               f"{tuple(source.shape)}), got {tuple(value.shape)}")
+        time_axis = 2 if name.endswith("hook_z") else 1  # (B, H, T, D) or (B, T, E)
+        T = value.shape[time_axis]
+        where = list(range(T)) if positions is None else list(positions)
+        for position in where:
+            if not isinstance(position, int) or isinstance(position, bool) \
+                    or not -T <= position < T:
+                raise AttnlabError(f"positions: expected positions in [{-T}, {T}), "
+                                   f"got {position!r}")
+        value = value.clone()
+        index: list[Any] = [slice(None)] * value.dim()
+        index[time_axis] = where
+        if by_layer is not None:
+            for head in by_layer[int(name.split(".")[1])]:
+                index[1] = head
+                value[tuple(index)] = source[tuple(index)].to(value.dtype)
+        else:
+            value[tuple(index)] = source[tuple(index)].to(value.dtype)
+        return value
+
+    return edit
+
+
+def patch_sweep(model: Any, clean: dict[str, Any], corrupted: dict[str, Any],
+                metric: Callable[[Any], Any], *,
+                positions: Sequence[int] | None = None) -> np.ndarray:
+    """(L, H): ``metric`` of the corrupted run's output with one head's z patched from the
+    clean run, for every head (one clean run, L·H corrupted runs). ``metric`` maps the
+    output to a number (a scalar tensor or a float), e.g. the logit difference of the
+    right and the wrong answer at the last position."""
+    import torch
+
+    from . import run_with_cache, run_with_hooks
+
+    for name, inputs in (("clean", clean), ("corrupted", corrupted)):
+        if not isinstance(inputs, dict) or not inputs:
+            raise AttnlabError(f"{name}: expected the model's keyword inputs as a dict "
+                               f"(e.g. {{'input_ids': ids}}), got {inputs!r}")
+    if not callable(metric):
+        raise AttnlabError(f"metric: expected a function of the model's output, got {metric!r}")
+    L, H = _shape(model)
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(L)]
+    scores = np.empty((L, H))
+    with torch.no_grad():
+        _, cache = run_with_cache(model, names=names, **clean)
+        for layer in range(L):
+            for head in range(H):
+                edit = _patcher(cache, {layer: [head]}, positions)
+                output = run_with_hooks(model, hooks=[(names[layer], edit)], **corrupted)
+                scores[layer, head] = float(metric(output))
+    return scores
 
 
 def head_importance(model: Any, metric: Callable[[Any], Any], **inputs: Any) -> np.ndarray:
@@ -131,6 +236,70 @@ def logit_lens(model: Any, **inputs: Any) -> tuple[np.ndarray, np.ndarray]:
         output, cache = run_with_cache(model, names=names, **inputs)
         lens = torch.stack([unembed(norm(cache[name][0])) for name in names])  # (L, T, V)
     return lens.double().numpy(), output.logits[0].double().numpy()
+
+
+def direct_logit_attribution(model: Any, *, token: int | None = None, position: int = -1,
+                             **inputs: Any) -> tuple[np.ndarray, int]:
+    """((L, H) each head's direct contribution to ``token``'s logit at ``position``, token).
+
+    Batch item 0. Head h of layer l writes r = z_{l,h} W_O^h into the residual stream
+    (its slice of the output projection, without the projection's bias). The final norm
+    is made linear by freezing its scale at this run's value s = 1/√(mean x² + ε)
+    (RMSNorm) or 1/√(var x + ε) after centring (LayerNorm; centring is linear too), x the
+    final residual stream at ``position``; the contribution is (norm's weight · s · r) ·
+    W_U[token]. Summed with the same terms for the embeddings, the MLPs and the biases it
+    gives the logit (minus the unembedding's and the norm's bias). ``token``: default the
+    model's top prediction at ``position``.
+    """
+    import torch
+
+    from . import run_with_cache
+    from .hf_points import attention_modules
+    from .hf_runs import output_projection
+
+    L, H = _shape(model)
+    norm, unembed = final_norm_and_unembed(model)
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(L)]
+    names.append(f"blocks.{L - 1}.hook_resid_post")
+    with torch.no_grad():
+        output, cache = run_with_cache(model, names=names, **inputs)
+        logits = output.logits[0]  # (T, V)
+        T, V = logits.shape
+        if not isinstance(position, int) or isinstance(position, bool) \
+                or not -T <= position < T:
+            raise AttnlabError(f"position: expected a position in [{-T}, {T}), "
+                               f"got {position!r}")
+        if token is None:
+            token = int(logits[position].argmax())
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < V:
+            raise AttnlabError(f"token: expected a token id in [0, {V}), got {token!r}")
+        x = cache[f"blocks.{L - 1}.hook_resid_post"][0, position]  # (E,)
+        centre = isinstance(norm, torch.nn.LayerNorm)
+        eps = float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 0.0)
+        centred = x - x.mean() if centre else x
+        scale = torch.rsqrt(centred.pow(2).mean() + eps)
+        weight = getattr(norm, "weight", None)
+        gain = weight if weight is not None else torch.ones_like(x)
+        bias = getattr(norm, "bias", None)
+        frozen = centred * scale * gain + (bias if bias is not None else 0.0)
+        if not torch.allclose(frozen, norm(x[None])[0], rtol=1e-4, atol=1e-5):
+            raise AttnlabError(f"model: the final norm {type(norm).__name__} is neither a "
+                               "LayerNorm nor an RMSNorm of the form weight · x / rms(x): "
+                               "cannot freeze its scale")
+        direction = gain * scale * unembed.weight[token]  # (E,)
+        scores = np.empty((L, H))
+        for layer, attention in enumerate(attention_modules(model)):
+            z = cache[f"blocks.{layer}.attn.hook_z"][0, :, position]  # (H, D)
+            D = z.shape[-1]
+            projection = output_projection(model, attention)
+            stacked = z.new_zeros(H, H * D)  # row h: head h's z in its slice, 0 elsewhere
+            for head in range(H):
+                stacked[head, head * D:(head + 1) * D] = z[head]
+            results = projection(stacked) - projection(z.new_zeros(1, H * D))  # (H, E)
+            if centre:
+                results = results - results.mean(dim=-1, keepdim=True)
+            scores[layer] = (results @ direction).double().numpy()
+    return scores, token
 
 
 def repeated_tokens_scores(model: Any, *, length: int = 20, seed: int = 0,
