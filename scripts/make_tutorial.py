@@ -323,8 +323,7 @@ lesson(
        "two ways: article 001's post-LN `LayerNorm(x + attention(x))` and the pre-LN "
        "`x + attention(LayerNorm(x))` used since GPT-2 (more in lesson 8). From the "
        "command line: `attnlab draw dataflow --heads 4 --d-model 16`."),
-    code("from attnlab.report.dataflow import draw_dataflow\n"
-         "draw_dataflow(LANG, T=4, num_heads=2, d_model=8)"),
+    code("report.draw_dataflow(LANG, T=4, num_heads=2, d_model=8)"),
     md("## 动手写（1）：拆成多个头\n\n(B, T, E) → (B, H, T, D)，D = E / H。",
        "## Your turn (1): split into heads\n\n(B, T, E) → (B, H, T, D), D = E / H."),
     write("split_heads", "split_heads(x, num_heads)", "(B, T, E) -> (B, H, T, D)", "(B, T, E) -> (B, H, T, D)",

@@ -13,6 +13,7 @@ is made in the layers below; everything here turns it into words, pictures and p
 """
 
 from .concepts import draw, draw_all
+from .dataflow import draw_dataflow
 from .figures import new_figure, save_figure
 from .heatmaps import plot_attention, plot_head_grid
 from .render import plot, save, view
@@ -32,6 +33,7 @@ __all__ = [
     "diagnostics_table",
     "draw",
     "draw_all",
+    "draw_dataflow",
     "new_figure",
     "note_lines",
     "plot",
