@@ -138,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _through_transformers(args: argparse.Namespace) -> bool:
     """Pairs, generation, remote code and any model but a local BERT folder run through
-    transformers (attnlab.lens.hf_runs); MiniLM and BERT folders on attnlab's own BERT."""
+    transformers (attnlab.lens.hf_runs); MiniLM, BERT folders and folders whose config.json
+    is not a readable JSON object on attnlab's own BERT, whose reader says what is wrong."""
     if args.pair is not None or args.generate or args.trust_remote_code:
         return True
     if args.model is None:
@@ -148,9 +149,12 @@ def _through_transformers(args: argparse.Namespace) -> bool:
         return True  # a hub name, or a folder load_hf will name as not a model
     try:
         with open(config, encoding="utf-8") as handle:
-            return json.load(handle).get("model_type") != "bert"
+            settings = json.load(handle)
     except (OSError, ValueError):
-        return True
+        return False  # attnlab's own reader names what is wrong with the file
+    if not isinstance(settings, dict):
+        return False  # likewise: "expected a JSON object of settings"
+    return settings.get("model_type") != "bert"
 
 
 def _unknown_characters(model: Any, text: str) -> list[str]:
