@@ -514,7 +514,9 @@ def test_png_export_downloads_the_shown_view(open_page: Callable, tmp_path: Path
     viewer = open_page(decoder_view())
     page = viewer.page
     page.wait_for_selector("#attnlab-view[data-ready='1']")
-    with page.expect_download() as download_info:
+    # Drawing the view into a PNG and handing it over can take seconds on a busy machine:
+    # a generous wait, not a speed check.
+    with page.expect_download(timeout=30_000) as download_info:
         page.click("#export-png")
     download = download_info.value
     assert download.suggested_filename == "attention-layer1-head1.png"
