@@ -43,6 +43,7 @@ rule).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -206,39 +207,24 @@ def _explicit(
     return dropped @ v.to(dropped.dtype), weights  # (B, H, T, Dv), (B, H, T, S)
 
 
-def _torch_attention(
+def _kernel_attention(
     module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, **kwargs: Any,
+    attention_mask: torch.Tensor | None, *, plain: bool, **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # -> (B, T, H, Dv), (B, H, T, S) | None
+    """attnlab.torch's attention: the fused path, or with ``plain`` the plain one always."""
     options = _convert(module, query, key, attention_mask, kwargs)
+    wanted = _weights_wanted(kwargs)
     site = getattr(module, "hook_site", None)
     if site is not None:
-        out, weights = _hooked(site, query, key, value, options, _weights_wanted(kwargs),
-                               plain=False)
+        out, weights = _hooked(site, query, key, value, options, wanted, plain=plain)
         return out.transpose(1, 2).contiguous(), weights
     mask = options.pop("mask", None)
-    if _weights_wanted(kwargs):
+    if plain or wanted:  # return_weights=True takes the plain path
         out, weights = scaled_dot_product_attention(query, key, value, mask,
                                                     return_weights=True, **options)
-        return out.transpose(1, 2).contiguous(), weights
+        return out.transpose(1, 2).contiguous(), (weights if wanted else None)
     out = scaled_dot_product_attention(query, key, value, mask, **options)  # (B, H, T, Dv)
     return out.transpose(1, 2).contiguous(), None
-
-
-def _plain_attention(
-    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # -> (B, T, H, Dv), (B, H, T, S) | None
-    options = _convert(module, query, key, attention_mask, kwargs)
-    site = getattr(module, "hook_site", None)
-    if site is not None:
-        out, weights = _hooked(site, query, key, value, options, _weights_wanted(kwargs),
-                               plain=True)
-        return out.transpose(1, 2).contiguous(), weights
-    mask = options.pop("mask", None)
-    out, weights = scaled_dot_product_attention(query, key, value, mask, return_weights=True,
-                                                **options)  # the plain path
-    return out.transpose(1, 2).contiguous(), (weights if _weights_wanted(kwargs) else None)
 
 
 def _triton_attention(
@@ -295,8 +281,8 @@ def _as_key_padding(mask: torch.Tensor, T: int, S: int) -> tuple[torch.Tensor, b
 
 
 _FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
-    "torch": _torch_attention,
-    "plain": _plain_attention,
+    "torch": functools.partial(_kernel_attention, plain=False),
+    "plain": functools.partial(_kernel_attention, plain=True),
     "triton": _triton_attention,
 }
 for _backend, _function in _FUNCTIONS.items():
