@@ -109,7 +109,7 @@ def test_unbatched_equals_batched_with_one_sequence():
 # ------------------------------------------------------------------------------- seed 000
 
 
-# Copied verbatim from /work/shared/seeds/000_53999275cdd104e6.txt (section 8); only the
+# Copied verbatim from seed article 000 (section 8); only the
 # trailing spaces of its blank lines were dropped and a noqa added to its one long line.
 # Mask convention: 1 = blocked, added as mask * -1e9. No biases. Head split reshapes
 # (batch, seq, heads*dim) -> (batch, seq, heads, dim), i.e. head h = columns h*D:(h+1)*D,
