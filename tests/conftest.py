@@ -24,10 +24,17 @@ import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 THREADS_VARIABLE = "ATTNLAB_TEST_TORCH_THREADS"
+CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")
+# Without the background-networking flags Chromium tries to reach Google's hosts at start.
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
 NUMERICS_TIERS = ("core", "torch", "models", "conformance")
 TESTS = Path(__file__).resolve().parent
 
@@ -112,3 +119,22 @@ def _torch_threads(request: pytest.FixtureRequest) -> Iterator[None]:
         torch.set_num_threads(wanted)  # so that the tests after this one still run as asked
         pytest.fail(f"{request.node.nodeid} left torch at {now} threads instead of {wanted}; "
                     "a test that changes the thread count must restore it")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium through Playwright, for the viewer's and the site's browser tests."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("the browser tests need Playwright: .venv/bin/pip install playwright")
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(
+            f"the browser tests need Chromium at {CHROMIUM}; install it with "
+            "`bash scripts/install-system-deps.sh` (Debian: apt-get install chromium "
+            "chromium-driver) or set ATTNLAB_CHROMIUM to a Chromium binary"
+        )
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()

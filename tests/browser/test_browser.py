@@ -11,7 +11,6 @@ request other than the page file itself is aborted and recorded.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,11 +21,6 @@ import pytest
 from attnlab.lens.diagnostics import diagnose
 from attnlab.report.viewer import AttentionView
 
-CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 TOKENS = ["[CLS]", "小", "明", "去", "了", "学", "校", "[SEP]"]
 INJECTED = '<img src=x onerror="window.__pwned = 1">'
 SCRIPT_BREAK = "</script><script>window.__pwned = 2</script>"
@@ -39,24 +33,6 @@ EXACT_ATOL = 1e-5
 def weights_for_test() -> np.ndarray:
     rng = np.random.default_rng(7)
     return rng.dirichlet(np.full(len(TOKENS), 0.5), size=(2, 3, len(TOKENS)))  # (L, H, T, T)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("the browser tests need Playwright: .venv/bin/pip install playwright")
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(
-            f"the browser tests need Chromium at {CHROMIUM}; install it with "
-            "`bash scripts/install-system-deps.sh` (Debian: apt-get install chromium "
-            "chromium-driver) or set ATTNLAB_CHROMIUM to a Chromium binary"
-        )
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 class OfflinePage:

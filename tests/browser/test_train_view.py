@@ -3,23 +3,15 @@ moves through the steps, hostile labels stay text, nothing is fetched."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
-import pytest
 
 from attnlab.report.training import training_html
 
-CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")
 INJECTED = '<img src=x onerror="window.__pwned = 1">'
 SCRIPT_BREAK = "</script><script>window.__pwned = 2</script>"
 
 
-def test_training_page_draws_and_slides(tmp_path):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("the browser tests need Playwright: .venv/bin/pip install playwright")
+def test_training_page_draws_and_slides(tmp_path, browser):
     K, L, H, T = 3, 2, 2, 5
     rng = np.random.default_rng(0)
     snapshots = rng.dirichlet(np.ones(T), size=(K, L, H, T))  # (K, L, H, T, T)
@@ -30,18 +22,15 @@ def test_training_page_draws_and_slides(tmp_path):
                                   heldout_loss=[3.0, 2.0, 1.0], period=2), encoding="utf-8")
     requests: list[str] = []
     errors: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM,
-                                             args=["--headless", "--no-sandbox"])
-        context = browser.new_context()
-        context.set_offline(True)
-        page = context.new_page()
-        page.on("request", lambda request: requests.append(request.url))
-        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.goto(path.resolve().as_uri())
-        _check(page)
-        browser.close()
+    context = browser.new_context()
+    context.set_offline(True)
+    page = context.new_page()
+    page.on("request", lambda request: requests.append(request.url))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(path.resolve().as_uri())
+    _check(page)
+    context.close()
     assert not errors and all(url.startswith("file:") for url in requests)
 
 
