@@ -1,4 +1,5 @@
-"""The parts and threads of :mod:`attnlab.fast.flash`, and the helpers of its backward.
+"""What :mod:`attnlab.fast.flash`'s forward and backward share: tile sizes, counts,
+the tiles of checked inputs, parts and threads, and the backward's helpers.
 
 The forward's work is cut into parts, one block of queries of a few batch-heads
 each, that share nothing but their inputs: ``num_threads`` runs them on a pool
@@ -17,11 +18,13 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
 from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
+from ..kernel import AttentionInputs
 from ..messages import msg
 from . import flash_tiles
 from .flash_tiles import ScoreUnits, Tiles
@@ -32,7 +35,43 @@ from .flash_tiles import ScoreUnits, Tiles
 #: float32). Tiles of 8 heads at once (4 MiB) ran ~10% slower.
 PART_SCORES = 2**18
 
+#: Default tile sizes, measured on CPU (benchmarks/bench_flash.py --blocks, 8 heads,
+#: T = S = 4096, D = 64, 1 and 2 threads). Large enough that each tile's matmul
+#: runs near BLAS speed and the Python loop costs little, small enough that one
+#: head's tile of scores (1 MiB in float32) stays in a core's own cache while
+#: it is made, exponentiated and multiplied by v.
+DEFAULT_BLOCK_Q = 512
+DEFAULT_BLOCK_K = 512
+
+#: The forward's log-sum-exp is kept in float64 whatever the inputs' dtype: see
+#: :func:`attnlab.fast.flash.flash_attention`.
+LSE_DTYPE = np.dtype(np.float64)
+
 _Result = TypeVar("_Result")
+
+
+@dataclass
+class FlashStats:
+    """Counts of (query block, key block) tiles, filled in when passed as ``stats=``.
+
+    A tile covers every batch-head at once; ``skipped`` tiles were removed
+    entirely, for every batch-head, by the causal mask or by an all-False
+    ``mask`` slice and cost nothing. (The forward, which computes a few
+    batch-heads at a time, also skips a tile for those batch-heads alone.) The
+    counts add up over calls, so one object can follow a forward and a backward
+    together.
+    """
+
+    computed: int = 0
+    skipped: int = 0
+
+
+def tiles_of(inputs: AttentionInputs, per_nat: float) -> Tiles:
+    """The tiles of checked (``tiled=True``) inputs: their mask, bias, band, cap and ALiBi,
+    the cap and the slopes in the scores' units (``per_nat`` per natural unit)."""
+    return Tiles(inputs.T, inputs.S, inputs.allowed, inputs.bias, inputs.band,
+                 offset=inputs.offset, softcap=inputs.softcap,
+                 alibi_slopes=inputs.alibi_slopes, per_nat=per_nat)
 
 
 def split_batch(batch: tuple[int, ...], tile: int) -> int:
