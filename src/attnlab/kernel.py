@@ -23,7 +23,8 @@ dropped: the weights of a row sum to 1 - exp(sink - lse), and lse includes the s
 alignments and every window are one band of positions (:class:`attnlab.shapes.Band`):
 query i sits at i' = S - T + i (bottom-right, the default) or i' = i (top-left)
 and may attend key j iff i' - left <= j <= i' + right. ``enable_gqa`` repeats
-each of Hkv key/value heads for H / Hkv query heads (torch's rule).
+each of Hkv key/value heads for H / Hkv query heads (torch's rule,
+:func:`attnlab.gqa.repeat_kv`).
 
 Dimension legend: B batch, H heads, T query length, S key length, D head dim,
 Dv value dim. ``...`` is any number of leading batch dims, which broadcast.
@@ -51,6 +52,7 @@ from .errors import (
     check_scale,
     shape_str,
 )
+from .gqa import check_gqa_heads, gqa_reduce, repeat_kv
 from .masked_softmax import softmax_with_lse, stable_softmax
 from .masks import band_mask
 from .messages import msg
@@ -160,7 +162,8 @@ def check_inputs(
     enable_gqa = check_flag(enable_gqa, "enable_gqa")
     groups = 1
     if enable_gqa:
-        k_arr, v_arr, groups = _repeat_kv_heads(q_arr, k_arr, v_arr)
+        groups = check_gqa_heads(q_arr.shape, k_arr.shape, v_arr.shape)
+        k_arr, v_arr = repeat_kv(k_arr, groups), repeat_kv(v_arr, groups)  # (..., H, S, ·)
     T, D = q_arr.shape[-2:]
     S = k_arr.shape[-2]
     if k_arr.shape[-1] != D:
@@ -230,42 +233,6 @@ def low_precision_dtype(*arrays: Any) -> np.dtype | None:
         if only == np.float16 or getattr(only, "name", None) == "bfloat16":
             return np.dtype(only)
     return None
-
-
-def _repeat_kv_heads(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """torch's enable_gqa: q (..., H, T, D), k (..., Hkv, S, D), v (..., Hkv, S, Dv) -> k, v
-    with each key/value head repeated H / Hkv times (query head h reads key/value head
-    h // (H / Hkv)), and H / Hkv."""
-    for name, arr, layout in (("q", q, "(..., H, T, D)"), ("k", k, "(..., Hkv, S, D)"),
-                              ("v", v, "(..., Hkv, S, Dv)")):
-        if arr.ndim < 3:
-            raise ShapeError(f"{name}: expected {layout} with enable_gqa=True, "
-                             f"got {shape_str(arr.shape)}")
-    H, Hkv = q.shape[-3], k.shape[-3]
-    if v.shape[-3] != Hkv:
-        raise ShapeError(
-            f"v: expected (..., {Hkv}, S, Dv) with k's {Hkv} key/value heads (enable_gqa=True), "
-            f"got {shape_str(v.shape)}"
-        )
-    if Hkv == 0 or H % Hkv:
-        raise ShapeError(
-            f"k: expected a number of key/value heads Hkv that divides q's H = {H} heads "
-            f"(enable_gqa=True), got Hkv = {Hkv} in k {shape_str(k.shape)}"
-        )
-    groups = H // Hkv
-    if groups == 1:
-        return k, v, 1
-    return np.repeat(k, groups, axis=-3), np.repeat(v, groups, axis=-3), groups  # (..., H, S, ·)
-
-
-def gqa_reduce(grad: np.ndarray, groups: int) -> np.ndarray:
-    """Sum a gradient of repeated key/value heads (..., H, S, ·) back to (..., H / groups, S, ·)."""
-    if groups == 1:
-        return grad
-    *lead, H, S, E = grad.shape
-    return grad.reshape(*lead, H // groups, groups, S, E).sum(axis=-3)
 
 
 def check_softcap(softcap: Any) -> float | None:
