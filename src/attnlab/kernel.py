@@ -4,7 +4,8 @@ Every public attention function in attnlab (the plain path, flash, sparse,
 the KV caches, multi-head attention, explain, the profile) validates its inputs
 once, at its own boundary, with :func:`check_inputs`, and then computes on the
 validated arrays with :func:`attend` (or, on the tiled paths, with the same
-softmax rule). Nothing below the boundary checks again.
+softmax rule). Nothing below the boundary checks again. The softmax itself is
+the library's one, :func:`attnlab.masked_softmax.softmax_with_lse`.
 
     attend(q, k, v, allowed, bias, scale, softcap=c):
         scaled  = q @ kᵀ · scale                 (..., T, S)
@@ -52,6 +53,7 @@ from .errors import (
     shape_str,
 )
 from .gqa import check_gqa_heads, gqa_reduce, repeat_kv
+from .masked_softmax import softmax_with_lse, stable_softmax
 from .masks import band_mask
 from .messages import msg
 from .shapes import Band, attention_band, check_causal_alignment, check_window_pair
@@ -76,8 +78,6 @@ __all__ = [
     "check_mask_and_bias",
     "check_score_range",
     "check_sinks",
-    "softmax_rows",
-    "softmax_rows_with_lse",
     "stable_softmax",
     "with_sinks",
 ]
@@ -480,10 +480,10 @@ def attend_with_lse(
     scaled = scaled_scores(q, k, allowed, bias, scale, softcap=softcap,
                            keep=keep)  # (..., T, S)
     if sinks is not None:
-        joined, row_lse = softmax_rows_with_lse(with_sinks(scaled, sinks), lse=lse)
+        joined, row_lse = softmax_with_lse(with_sinks(scaled, sinks), in_place=True, lse=lse)
         weights = joined[..., :-1]  # (..., T, S): the sink's column takes no value
     else:
-        weights, row_lse = softmax_rows_with_lse(scaled, lse=lse)  # (..., T, S), (..., T)
+        weights, row_lse = softmax_with_lse(scaled, in_place=True, lse=lse)  # (..., T, S), (..., T)
     if keep is not None:
         weights *= keep
         weights *= np.asarray(keep_scale, dtype=weights.dtype)  # (..., T, S) after dropout
@@ -515,50 +515,3 @@ def scaled_scores(
     if allowed is not None:
         np.copyto(scaled, -np.inf, where=~allowed)  # (..., T, S) blocked -> -inf
     return scaled
-
-
-def softmax_rows(scores: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis *in place* (``scores`` is overwritten and returned).
-
-    -inf entries get weight 0; a row that is all -inf (nothing to attend to)
-    stays all 0. The row max is subtracted first, so ±1e4 neither overflows nor
-    gives NaN. Shapes: (..., S) -> (..., S).
-    """
-    return softmax_rows_with_lse(scores, lse=False)[0]
-
-
-def softmax_rows_with_lse(
-    scores: np.ndarray, *, lse: bool = True
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """:func:`softmax_rows`, and log Σ exp(scores) per row: (..., S) -> (..., S), (..., ) float64
-    (-inf for an all -inf row; None unless ``lse``)."""
-    if scores.shape[-1] == 0:
-        empty_lse = np.full(scores.shape[:-1], -np.inf) if lse else None
-        return scores, empty_lse
-    row_max = np.max(scores, axis=-1, keepdims=True)  # (..., 1)
-    empty = np.isneginf(row_max)  # (..., 1)
-    row_max[empty] = 0.0  # all-masked row: avoid -inf - -inf
-    with np.errstate(over="ignore"):  # -1e308 - 1e308 = -inf: exp gives its exact weight 0
-        scores -= row_max
-    np.exp(scores, out=scores)
-    sums = np.sum(scores, axis=-1, keepdims=True)  # (..., 1)
-    sums[sums == 0.0] = 1.0  # nothing to attend to: leave the zeros
-    scores /= sums
-    if not lse:
-        return scores, None
-    row_lse = row_max.astype(np.float64) + np.log(sums.astype(np.float64))  # (..., 1)
-    row_lse[empty] = -np.inf
-    return scores, row_lse[..., 0]
-
-
-def stable_softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Softmax along ``axis`` into a new array, without validation (see :func:`softmax_rows`)."""
-    if scores.shape[axis] == 0:  # S = 0: nothing to normalise
-        return np.zeros_like(scores)
-    row_max = np.max(scores, axis=axis, keepdims=True)
-    row_max = np.where(np.isneginf(row_max), 0.0, row_max)  # all-masked row: avoid -inf - -inf
-    with np.errstate(over="ignore"):  # -1e308 - 1e308 = -inf: exp gives its exact weight 0
-        exps = np.exp(scores - row_max)
-    sums = np.sum(exps, axis=axis, keepdims=True)
-    # Rows with nothing to attend to have sum 0: divide by 1 instead, leaving zeros.
-    return exps / np.where(sums == 0.0, 1.0, sums)
