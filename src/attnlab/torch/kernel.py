@@ -57,6 +57,7 @@ from ..shapes import (
 )
 from . import debug
 from .checks import as_bool_tensor, as_float_tensor, check_same_device, check_tensor_alloc
+from .gqa import check_gqa_heads, repeat_kv
 
 #: torch's own fused attention, bound once: code that swaps the global
 #: (``F.scaled_dot_product_attention = compat.scaled_dot_product_attention``, the
@@ -139,7 +140,8 @@ def check_inputs(
     k_t = as_float_tensor(k, "k")
     v_t = as_float_tensor(v, "v")
     if check_flag(enable_gqa, "enable_gqa"):
-        k_t, v_t = _repeat_kv_heads(q_t, k_t, v_t)
+        groups = check_gqa_heads(q_t.shape, k_t.shape, v_t.shape)
+        k_t, v_t = repeat_kv(k_t, groups), repeat_kv(v_t, groups)  # (..., H, S, ·)
     shapes = check_attention_shapes(q_t.shape, k_t.shape, v_t.shape)
     check_same_device(q_t, "q", k_t, "k")
     check_same_device(q_t, "q", v_t, "v")
@@ -184,33 +186,6 @@ def check_inputs(
                             else 0, T, S, q_t)  # (..., T, S)
         bias_t = alibi if bias_t is None else bias_t + alibi
     return AttentionInputs(q_t, k_t, v_t, allowed, bias_t, scale_value, is_causal, shapes, cap)
-
-
-def _repeat_kv_heads(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's ``enable_gqa``: k (..., Hkv, S, D), v (..., Hkv, S, Dv) repeated to q's H heads
-    (query head h reads key/value head h // (H / Hkv)); the messages of the NumPy twin."""
-    for name, t, layout in (("q", q, "(..., H, T, D)"), ("k", k, "(..., Hkv, S, D)"),
-                            ("v", v, "(..., Hkv, S, Dv)")):
-        if t.ndim < 3:
-            raise ShapeError(f"{name}: expected {layout} with enable_gqa=True, "
-                             f"got {shape_str(t.shape)}")
-    H, Hkv = q.shape[-3], k.shape[-3]
-    if v.shape[-3] != Hkv:
-        raise ShapeError(
-            f"v: expected (..., {Hkv}, S, Dv) with k's {Hkv} key/value heads (enable_gqa=True), "
-            f"got {shape_str(v.shape)}"
-        )
-    if Hkv == 0 or H % Hkv:
-        raise ShapeError(
-            f"k: expected a number of key/value heads Hkv that divides q's H = {H} heads "
-            f"(enable_gqa=True), got Hkv = {Hkv} in k {shape_str(k.shape)}"
-        )
-    groups = H // Hkv
-    if groups == 1:
-        return k, v
-    return k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
 
 
 def _alibi_bias(

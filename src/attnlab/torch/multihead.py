@@ -47,6 +47,7 @@ from .checks import (
     check_same_device,
     module_input,
 )
+from .gqa import repeat_kv
 from .kernel import PLAIN_PATH_HINT, attend, causal_allowed, scaled_scores, stable_softmax
 from .params import to_array, to_optional_array, to_param, torch_dtype
 from .positional import alibi_values, rotate
@@ -425,9 +426,8 @@ class MultiHeadAttention(nn.Module):
                 allowed = F.pad(allowed, (0, extra), value=True)  # (B, H, T, S')
             if bias is not None:
                 bias = F.pad(bias, (0, extra), value=0.0)  # (B, H, T, S')
-        if H != Hkv:
-            k = k.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S', D)
-            v = v.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S', Dv)
+        k = repeat_kv(k, H // Hkv)  # (B, H, S', D)
+        v = repeat_kv(v, H // Hkv)  # (B, H, S', Dv)
         scale = 1.0 / math.sqrt(D)
         if debug.debug_checks_enabled():
             debug.check_tensor_score_range(q, k, bias, scale)
