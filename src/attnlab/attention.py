@@ -30,8 +30,8 @@ from .kernel import (
     check_dropout,
     check_inputs,
     check_sinks,
-    stable_softmax,
 )
+from .masked_softmax import stable_softmax
 
 __all__ = ["softmax", "scaled_dot_product_attention", "self_attention", "MAX_SCORE_ELEMENTS"]
 

@@ -29,7 +29,8 @@ import numpy as np
 
 from .attention import check_axis
 from .errors import ShapeError, as_float_array, shape_str
-from .kernel import attend, check_dropout, check_inputs, check_sinks, gqa_reduce
+from .gqa import gqa_reduce
+from .kernel import attend, check_dropout, check_inputs, check_sinks
 
 __all__ = [
     "AttentionGrads",

@@ -4,7 +4,8 @@ Every public attention function in attnlab (the plain path, flash, sparse,
 the KV caches, multi-head attention, explain, the profile) validates its inputs
 once, at its own boundary, with :func:`check_inputs`, and then computes on the
 validated arrays with :func:`attend` (or, on the tiled paths, with the same
-softmax rule). Nothing below the boundary checks again.
+softmax rule). Nothing below the boundary checks again. The softmax itself is
+the library's one, :func:`attnlab.masked_softmax.softmax_with_lse`.
 
     attend(q, k, v, allowed, bias, scale, softcap=c):
         scaled  = q @ kᵀ · scale                 (..., T, S)
@@ -22,7 +23,8 @@ dropped: the weights of a row sum to 1 - exp(sink - lse), and lse includes the s
 alignments and every window are one band of positions (:class:`attnlab.shapes.Band`):
 query i sits at i' = S - T + i (bottom-right, the default) or i' = i (top-left)
 and may attend key j iff i' - left <= j <= i' + right. ``enable_gqa`` repeats
-each of Hkv key/value heads for H / Hkv query heads (torch's rule).
+each of Hkv key/value heads for H / Hkv query heads (torch's rule,
+:func:`attnlab.gqa.repeat_kv`).
 
 Dimension legend: B batch, H heads, T query length, S key length, D head dim,
 Dv value dim. ``...`` is any number of leading batch dims, which broadcast.
@@ -50,6 +52,8 @@ from .errors import (
     check_scale,
     shape_str,
 )
+from .gqa import check_gqa_heads, gqa_reduce, repeat_kv
+from .masked_softmax import softmax_with_lse, stable_softmax
 from .masks import band_mask
 from .messages import msg
 from .shapes import Band, attention_band, check_causal_alignment, check_window_pair
@@ -74,8 +78,6 @@ __all__ = [
     "check_mask_and_bias",
     "check_score_range",
     "check_sinks",
-    "softmax_rows",
-    "softmax_rows_with_lse",
     "stable_softmax",
     "with_sinks",
 ]
@@ -160,7 +162,8 @@ def check_inputs(
     enable_gqa = check_flag(enable_gqa, "enable_gqa")
     groups = 1
     if enable_gqa:
-        k_arr, v_arr, groups = _repeat_kv_heads(q_arr, k_arr, v_arr)
+        groups = check_gqa_heads(q_arr.shape, k_arr.shape, v_arr.shape)
+        k_arr, v_arr = repeat_kv(k_arr, groups), repeat_kv(v_arr, groups)  # (..., H, S, ·)
     T, D = q_arr.shape[-2:]
     S = k_arr.shape[-2]
     if k_arr.shape[-1] != D:
@@ -230,42 +233,6 @@ def low_precision_dtype(*arrays: Any) -> np.dtype | None:
         if only == np.float16 or getattr(only, "name", None) == "bfloat16":
             return np.dtype(only)
     return None
-
-
-def _repeat_kv_heads(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """torch's enable_gqa: q (..., H, T, D), k (..., Hkv, S, D), v (..., Hkv, S, Dv) -> k, v
-    with each key/value head repeated H / Hkv times (query head h reads key/value head
-    h // (H / Hkv)), and H / Hkv."""
-    for name, arr, layout in (("q", q, "(..., H, T, D)"), ("k", k, "(..., Hkv, S, D)"),
-                              ("v", v, "(..., Hkv, S, Dv)")):
-        if arr.ndim < 3:
-            raise ShapeError(f"{name}: expected {layout} with enable_gqa=True, "
-                             f"got {shape_str(arr.shape)}")
-    H, Hkv = q.shape[-3], k.shape[-3]
-    if v.shape[-3] != Hkv:
-        raise ShapeError(
-            f"v: expected (..., {Hkv}, S, Dv) with k's {Hkv} key/value heads (enable_gqa=True), "
-            f"got {shape_str(v.shape)}"
-        )
-    if Hkv == 0 or H % Hkv:
-        raise ShapeError(
-            f"k: expected a number of key/value heads Hkv that divides q's H = {H} heads "
-            f"(enable_gqa=True), got Hkv = {Hkv} in k {shape_str(k.shape)}"
-        )
-    groups = H // Hkv
-    if groups == 1:
-        return k, v, 1
-    return np.repeat(k, groups, axis=-3), np.repeat(v, groups, axis=-3), groups  # (..., H, S, ·)
-
-
-def gqa_reduce(grad: np.ndarray, groups: int) -> np.ndarray:
-    """Sum a gradient of repeated key/value heads (..., H, S, ·) back to (..., H / groups, S, ·)."""
-    if groups == 1:
-        return grad
-    *lead, H, S, E = grad.shape
-    return grad.reshape(*lead, H // groups, groups, S, E).sum(axis=-3)
 
 
 def check_softcap(softcap: Any) -> float | None:
@@ -513,10 +480,10 @@ def attend_with_lse(
     scaled = scaled_scores(q, k, allowed, bias, scale, softcap=softcap,
                            keep=keep)  # (..., T, S)
     if sinks is not None:
-        joined, row_lse = softmax_rows_with_lse(with_sinks(scaled, sinks), lse=lse)
+        joined, row_lse = softmax_with_lse(with_sinks(scaled, sinks), in_place=True, lse=lse)
         weights = joined[..., :-1]  # (..., T, S): the sink's column takes no value
     else:
-        weights, row_lse = softmax_rows_with_lse(scaled, lse=lse)  # (..., T, S), (..., T)
+        weights, row_lse = softmax_with_lse(scaled, in_place=True, lse=lse)  # (..., T, S), (..., T)
     if keep is not None:
         weights *= keep
         weights *= np.asarray(keep_scale, dtype=weights.dtype)  # (..., T, S) after dropout
@@ -548,50 +515,3 @@ def scaled_scores(
     if allowed is not None:
         np.copyto(scaled, -np.inf, where=~allowed)  # (..., T, S) blocked -> -inf
     return scaled
-
-
-def softmax_rows(scores: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis *in place* (``scores`` is overwritten and returned).
-
-    -inf entries get weight 0; a row that is all -inf (nothing to attend to)
-    stays all 0. The row max is subtracted first, so ±1e4 neither overflows nor
-    gives NaN. Shapes: (..., S) -> (..., S).
-    """
-    return softmax_rows_with_lse(scores, lse=False)[0]
-
-
-def softmax_rows_with_lse(
-    scores: np.ndarray, *, lse: bool = True
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """:func:`softmax_rows`, and log Σ exp(scores) per row: (..., S) -> (..., S), (..., ) float64
-    (-inf for an all -inf row; None unless ``lse``)."""
-    if scores.shape[-1] == 0:
-        empty_lse = np.full(scores.shape[:-1], -np.inf) if lse else None
-        return scores, empty_lse
-    row_max = np.max(scores, axis=-1, keepdims=True)  # (..., 1)
-    empty = np.isneginf(row_max)  # (..., 1)
-    row_max[empty] = 0.0  # all-masked row: avoid -inf - -inf
-    with np.errstate(over="ignore"):  # -1e308 - 1e308 = -inf: exp gives its exact weight 0
-        scores -= row_max
-    np.exp(scores, out=scores)
-    sums = np.sum(scores, axis=-1, keepdims=True)  # (..., 1)
-    sums[sums == 0.0] = 1.0  # nothing to attend to: leave the zeros
-    scores /= sums
-    if not lse:
-        return scores, None
-    row_lse = row_max.astype(np.float64) + np.log(sums.astype(np.float64))  # (..., 1)
-    row_lse[empty] = -np.inf
-    return scores, row_lse[..., 0]
-
-
-def stable_softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Softmax along ``axis`` into a new array, without validation (see :func:`softmax_rows`)."""
-    if scores.shape[axis] == 0:  # S = 0: nothing to normalise
-        return np.zeros_like(scores)
-    row_max = np.max(scores, axis=axis, keepdims=True)
-    row_max = np.where(np.isneginf(row_max), 0.0, row_max)  # all-masked row: avoid -inf - -inf
-    with np.errstate(over="ignore"):  # -1e308 - 1e308 = -inf: exp gives its exact weight 0
-        exps = np.exp(scores - row_max)
-    sums = np.sum(exps, axis=axis, keepdims=True)
-    # Rows with nothing to attend to have sum 0: divide by 1 instead, leaving zeros.
-    return exps / np.where(sums == 0.0, 1.0, sums)

@@ -24,8 +24,8 @@ PACKAGE = Path(attnlab.__file__).parent
 LAYERS: list[tuple[str, list[str]]] = [
     ("checks", ["attnlab.messages", "attnlab.errors", "attnlab.shapes"]),
     ("math", ["attnlab.special", "attnlab.init", "attnlab.masks", "attnlab.positional",
-              "attnlab.positional_relative", "attnlab.trace", "attnlab.hooks", "attnlab.kernel",
-              "attnlab.attention", "attnlab.backward"]),
+              "attnlab.positional_relative", "attnlab.trace", "attnlab.hooks", "attnlab.gqa",
+              "attnlab.masked_softmax", "attnlab.kernel", "attnlab.attention", "attnlab.backward"]),
     ("fast paths", ["attnlab.fast"]),
     ("tasks", ["attnlab.tasks"]),
     ("modules", ["attnlab.nn"]),

@@ -202,3 +202,30 @@ def test_ragged_and_non_bool_masks_are_named_errors():
     for dtype in (int, complex, "banana"):
         with pytest.raises(AttnlabError, match="dtype: expected a float dtype"):
             attnlab.mask_to_bias(np.ones((2, 2), bool), dtype=dtype)
+
+
+def test_the_one_softmax_in_place_and_new_agree_with_its_lse():
+    """attnlab.masked_softmax is the one NumPy softmax: in place and into a new array give the
+    same bits, along any axis, and its lse is log Σ exp over the axis."""
+    from attnlab.masked_softmax import softmax_with_lse, stable_softmax
+
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((2, 3, 5)) * 30
+    scores[0, 1] = -np.inf  # a row with nothing to attend to
+    scores[1, :, 2] = -np.inf  # a masked key
+    for axis in (-1, 1, 0):
+        fresh, lse = softmax_with_lse(scores, axis)
+        inplace = scores.copy()
+        weights, _ = softmax_with_lse(inplace, axis, in_place=True)
+        assert weights is inplace
+        np.testing.assert_array_equal(weights, fresh)  # bit for bit
+        np.testing.assert_array_equal(stable_softmax(scores, axis), fresh)
+        assert lse is not None and lse.shape == tuple(np.delete(scores.shape, axis % 3))
+        with np.errstate(divide="ignore"):
+            expected = np.log(np.sum(np.exp(scores), axis=axis))  # no overflow at |s| < 200
+        np.testing.assert_allclose(lse, expected, rtol=1e-12)
+    weights, lse = softmax_with_lse(scores)
+    assert (weights[0, 1] == 0).all() and np.isneginf(lse[0, 1]).all()  # zeros, not NaN
+    assert (weights[1, :, 2] == 0).all()
+    empty, empty_lse = softmax_with_lse(np.zeros((2, 0)))
+    assert empty.shape == (2, 0) and empty_lse is not None and np.isneginf(empty_lse).all()

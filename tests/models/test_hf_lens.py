@@ -317,3 +317,138 @@ def test_bad_patch_requests_are_named(models) -> None:
         patch(model, clean, {"input_ids": IDS[:, :5]}, layers=[0])
     with pytest.raises(AttnlabError, match="token: expected a token id"):
         direct_logit_attribution(model, token=-1, input_ids=IDS)
+
+
+def _three_layer_llama():
+    """A random Llama with three layers (so a layer between sender and receiver is frozen),
+    4 query heads on 2 key/value heads, on attnlab's attention."""
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=3, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.set_attn_implementation("attnlab")
+    return model
+
+
+def _reference_path_patch(model, sender, receivers, positions):
+    """The two runs of path patching by torch's own forward pre-hooks on o_proj / c_proj
+    (input: the heads' z side by side, (B, T, H·D)), without attnlab's hook points."""
+    L, H = model.config.num_hidden_layers, model.config.num_attention_heads
+    D = model.config.hidden_size // H
+    projections = [_projection(model, layer) for layer in range(L)]
+
+    def columns(head):
+        return slice(head * D, (head + 1) * D)
+
+    def run(ids, make_hook):
+        handles = [p.register_forward_pre_hook(make_hook(layer))
+                   for layer, p in enumerate(projections)]
+        try:
+            return model(input_ids=ids).logits
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def reader(into):
+        return lambda layer: (lambda module, args: into.update({layer: args[0].clone()}))
+
+    clean_z, dirty_z, kept = {}, {}, {}
+    with torch.no_grad():
+        run(IDS, reader(clean_z))
+        run(CORRUPTED, reader(dirty_z))
+
+        def first(layer):
+            def hook(module, args):
+                z = dirty_z[layer].clone()  # every head frozen at the corrupted run
+                if layer == sender[0]:
+                    z[:, positions, columns(sender[1])] = clean_z[layer][
+                        :, positions, columns(sender[1])]
+                for receiver_layer, head in receivers:
+                    if receiver_layer == layer:
+                        z[..., columns(head)] = args[0][..., columns(head)]
+                        kept[(layer, head)] = args[0][..., columns(head)].clone()
+                return (z,)
+            return hook
+
+        run(CORRUPTED, first)
+
+        def second(layer):
+            def hook(module, args):
+                z = args[0].clone()
+                for receiver_layer, head in receivers:
+                    if receiver_layer == layer:
+                        z[..., columns(head)] = kept[(layer, head)]
+                return (z,)
+            return hook
+
+        return run(CORRUPTED, second)
+
+
+@pytest.mark.parametrize(("kind", "sender", "receivers", "positions"), [
+    ("llama3", (0, 1), [(2, 0), (2, 3)], [2, 3]),
+    ("llama3", (0, 2), [(1, 1), (2, 2)], None),
+    ("gpt2", (0, 3), [(1, 0)], [2]),
+])
+def test_path_patch_equals_the_two_runs_by_hand(models, kind, sender, receivers,
+                                                positions) -> None:
+    from attnlab.lens.hf_lens import path_patch
+
+    model = _three_layer_llama() if kind == "llama3" else models[kind]
+    expected = _reference_path_patch(model, sender, receivers,
+                                     positions if positions is not None else slice(None))
+    with torch.no_grad():
+        got = path_patch(model, {"input_ids": IDS}, {"input_ids": CORRUPTED}, sender=sender,
+                         receivers=receivers, positions=positions).logits
+        direct = patch(model, {"input_ids": IDS}, {"input_ids": CORRUPTED}, heads=[sender],
+                       positions=positions).logits
+        dirty = model(input_ids=CORRUPTED).logits
+    # the same float32 operations on the same values: 1e-6
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=1e-6)
+    assert (got - dirty).abs().max() > 1e-5  # the sender's path did change something
+    assert (got - direct).abs().max() > 1e-5  # and not as much as all its paths
+
+
+def test_path_patch_sanity_cases() -> None:
+    from attnlab.lens.hf_lens import path_patch
+
+    model = _three_layer_llama()
+    with torch.no_grad():
+        clean = model(input_ids=IDS).logits
+        dirty = model(input_ids=CORRUPTED).logits
+        # The clean run patched into itself: nothing changes (same operations: 1e-6).
+        itself = path_patch(model, {"input_ids": IDS}, {"input_ids": IDS}, sender=(0, 1),
+                            receivers=[(1, 0), (2, 3)]).logits
+        np.testing.assert_allclose(itself.numpy(), clean.numpy(), atol=1e-6)
+        # Causal: the sender patched at the last position only reaches the receivers'
+        # last row; every earlier position keeps the corrupted run's logits.
+        last = path_patch(model, {"input_ids": IDS}, {"input_ids": CORRUPTED}, sender=(0, 1),
+                          receivers=[(1, 0), (2, 3)], positions=[-1]).logits
+        np.testing.assert_allclose(last[0, :-1].numpy(), dirty[0, :-1].numpy(), atol=1e-6)
+        assert (last[0, -1] - dirty[0, -1]).abs().max() > 1e-5
+        # A sender whose W_O slice is zero writes nothing into the stream: no receiver
+        # can read it, whatever its z.
+        silent = _three_layer_llama()
+        silent.model.layers[0].self_attn.o_proj.weight[:, 1 * 8:2 * 8] = 0
+        cut = path_patch(silent, {"input_ids": IDS}, {"input_ids": CORRUPTED}, sender=(0, 1),
+                         receivers=[(1, 0), (2, 3)]).logits
+        np.testing.assert_allclose(cut.numpy(), silent(input_ids=CORRUPTED).logits.numpy(),
+                                   atol=1e-6)
+
+
+def test_bad_path_patch_requests_are_named(models) -> None:
+    from attnlab.lens.hf_lens import path_patch
+
+    model, clean, dirty = models["llama"], {"input_ids": IDS}, {"input_ids": CORRUPTED}
+    with pytest.raises(AttnlabError, match="receivers: expected heads in layers after"):
+        path_patch(model, clean, dirty, sender=(1, 0), receivers=[(1, 1)])
+    with pytest.raises(AttnlabError, match="receivers: expected at least one"):
+        path_patch(model, clean, dirty, sender=(0, 0), receivers=[])
+    with pytest.raises(AttnlabError, match=r"sender: expected \(layer, head\) pairs"):
+        path_patch(model, clean, dirty, sender=(0, 4), receivers=[(1, 0)])
+    with pytest.raises(AttnlabError, match=r"receivers: expected a list of \(layer, head\)"):
+        path_patch(model, clean, dirty, sender=(0, 0), receivers=None)
+    with pytest.raises(AttnlabError, match=r"positions: expected positions in \[-9, 9\)"):
+        path_patch(model, clean, dirty, sender=(0, 0), receivers=[(1, 0)], positions=[9])
+    with pytest.raises(AttnlabError, match="corrupted: expected inputs of the clean run's"):
+        path_patch(model, clean, {"input_ids": IDS[:, :5]}, sender=(0, 0), receivers=[(1, 0)])

@@ -25,8 +25,9 @@ import torch
 
 import attnlab
 import attnlab.torch as at
-from attnlab import masks, positional, positional_relative
+from attnlab import gqa, masks, positional, positional_relative
 from attnlab.fast import kv_cache, paged_cache, sparse, varlen
+from attnlab.torch import gqa as torch_gqa
 
 FRAMEWORK = {"device", "dtype", "generator"}  # torch's factory arguments
 
@@ -93,6 +94,8 @@ TWINS = [
          dtype_defaults_differ=True),  # float64 like the NumPy core, float32 like torch
     Twin("SlidingWindowKVCache", kv_cache.SlidingWindowKVCache, at.SlidingWindowKVCache,
          torch_only={"device"}, dtype_defaults_differ=True),
+    Twin("repeat_kv", gqa.repeat_kv, torch_gqa.repeat_kv),
+    Twin("gqa_reduce", gqa.gqa_reduce, torch_gqa.gqa_reduce),
     Twin("varlen_attention", varlen.varlen_attention, at.varlen_attention),
     Twin("PagedKVCache", paged_cache.PagedKVCache, at.PagedKVCache, torch_only={"device"},
          dtype_defaults_differ=True),  # float64 like the NumPy core, float32 like torch

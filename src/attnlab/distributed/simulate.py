@@ -48,6 +48,7 @@ from ..fast.flash import (
     flash_attention,
     merge_partials,
 )
+from ..gqa import repeat_kv
 from .layouts import Layout, check_layout, check_length, positions, ring_blocks, shard, unshard
 
 __all__ = ["RingReport", "Simulation", "StepRecord", "simulate"]
@@ -201,8 +202,8 @@ def simulate(
     dtype = np.result_type(q_arr, k_arr, v_arr)
     # Grouped-query attention: each query head reads its group's K/V head (only the
     # Hkv heads would travel between real ranks; here they are expanded once).
-    k_full = np.repeat(k_arr, group, axis=1).astype(dtype)  # (B, H, T, D)
-    v_full = np.repeat(v_arr, group, axis=1).astype(dtype)  # (B, H, T, Dv)
+    k_full = repeat_kv(k_arr, group).astype(dtype)  # (B, H, T, D)
+    v_full = repeat_kv(v_arr, group).astype(dtype)  # (B, H, T, Dv)
 
     def rank_shard(x: np.ndarray, r: int, dim: int = -2) -> np.ndarray:
         return shard(x, rank=r, world_size=world_size, layout=layout, dim=dim)

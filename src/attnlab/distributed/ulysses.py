@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from ..errors import AttnlabError, check_flag, check_scale
 from ..torch.attention import scaled_dot_product_attention
+from ..torch.gqa import repeat_kv
 from .comm import CommStats, DistributedError, agree, check_group, shard_problem
 from .layouts import Layout, check_layout, shard, unshard
 
@@ -137,9 +138,8 @@ def ulysses_attention(
     k_heads = _to_heads(k, W, layout, group, stats)  # (B, Hkv/W, T, D)
     v_heads = _to_heads(v, W, layout, group, stats)  # (B, Hkv/W, T, Dv)
     group_size = H // Hkv  # query head h reads key/value head h // group_size
-    if group_size > 1:
-        k_heads = k_heads.repeat_interleave(group_size, dim=1)  # (B, H/W, T, D)
-        v_heads = v_heads.repeat_interleave(group_size, dim=1)  # (B, H/W, T, Dv)
+    k_heads = repeat_kv(k_heads, group_size)  # (B, H/W, T, D)
+    v_heads = repeat_kv(v_heads, group_size)  # (B, H/W, T, Dv)
     mask = None
     if key_padding is not None:
         gathered = [torch.empty_like(key_padding, dtype=torch.uint8) for _ in range(W)]

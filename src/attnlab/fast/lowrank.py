@@ -35,7 +35,8 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
-from ..kernel import check_inputs, stable_softmax
+from ..kernel import check_inputs
+from ..masked_softmax import stable_softmax
 
 __all__ = [
     "linformer_projection",

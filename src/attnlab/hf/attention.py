@@ -51,6 +51,7 @@ import torch
 
 from ..errors import AttnlabError, shape_str
 from ..torch import scaled_dot_product_attention
+from ..torch.gqa import repeat_kv
 from ..torch.kernel import scaled_scores, stable_softmax
 
 __all__ = ["BACKENDS", "ACCEPTED_KWARGS", "attention_function", "check_backend"]
@@ -184,9 +185,8 @@ def _explicit(
     (with each head's sink in the softmax when there are sinks), its product with v."""
     T, S = q.shape[-2], k.shape[-2]
     H, Hkv = q.shape[-3], k.shape[-3]
-    if H != Hkv:  # GQA: query head h reads key/value head h // (H / Hkv)
-        k = k.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S, D)
-        v = v.repeat_interleave(H // Hkv, dim=-3)  # (B, H, S, Dv)
+    k = repeat_kv(k, H // Hkv)  # (B, H, S, D): query head h reads key/value head h // (H/Hkv)
+    v = repeat_kv(v, H // Hkv)  # (B, H, S, Dv)
     allowed = mask
     if options.get("is_causal"):  # transformers' top-left rule (see _convert)
         top_left = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()  # (T, S)

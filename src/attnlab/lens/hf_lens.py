@@ -10,7 +10,9 @@ with :func:`attnlab.lens.run_with_hooks` / :func:`~attnlab.lens.run_with_cache`:
 - :func:`patch`: run the corrupted inputs with chosen heads' z (``hook_z``) or chosen
   layers' residual stream (``hook_resid_post``) taken from the clean run, at every
   position or at chosen ones (activation patching, Meng et al. 2022); :func:`patch_sweep`
-  a metric of the output with each head patched alone, (L, H).
+  a metric of the output with each head patched alone, (L, H); :func:`path_patch` the
+  corrupted run where one sender head's clean z reaches the output only through chosen
+  receiver heads (Wang et al. 2022, as :func:`attnlab.lens.path_patch` defines it).
 - :func:`head_importance`: |∂ metric / ∂ g_{l,h}| for a gate g multiplying each head's z,
   at g = 1, by torch autograd (Michel et al. 2019).
 - :func:`logit_lens`: each layer's residual stream through the final norm and the
@@ -26,7 +28,7 @@ with :func:`attnlab.lens.run_with_hooks` / :func:`~attnlab.lens.run_with_cache`:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,17 +36,20 @@ import numpy as np
 from ..errors import AttnlabError
 
 __all__ = ["ablate_heads", "direct_logit_attribution", "final_norm_and_unembed",
-           "head_importance", "logit_lens", "patch", "patch_sweep", "repeated_tokens_scores"]
+           "head_importance", "logit_lens", "patch", "patch_sweep", "path_patch",
+           "repeated_tokens_scores"]
 
 
-def _heads(heads: Any, L: int, H: int) -> dict[int, list[int]]:
-    """[(layer, head), ...] 0-based -> {layer: [heads]}, checked."""
+def _heads(heads: Any, L: int, H: int, what: str = "heads") -> dict[int, list[int]]:
+    """[(layer, head), ...] 0-based -> {layer: [heads]}, checked (``what``: the argument)."""
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise AttnlabError(f"{what}: expected a list of (layer, head) pairs, got {heads!r}")
     by_layer: dict[int, list[int]] = {}
     for item in heads:
         if not (isinstance(item, (tuple, list)) and len(item) == 2
                 and all(isinstance(v, int) and not isinstance(v, bool) for v in item)
                 and 0 <= item[0] < L and 0 <= item[1] < H):
-            raise AttnlabError(f"heads: expected (layer, head) pairs with layer in [0, {L}) "
+            raise AttnlabError(f"{what}: expected (layer, head) pairs with layer in [0, {L}) "
                                f"and head in [0, {H}), got {item!r}")
         by_layer.setdefault(item[0], []).append(item[1])
     return by_layer
@@ -94,10 +99,7 @@ def patch(model: Any, clean: dict[str, Any], corrupted: dict[str, Any], *,
     """
     from . import run_with_cache, run_with_hooks
 
-    for name, inputs in (("clean", clean), ("corrupted", corrupted)):
-        if not isinstance(inputs, dict) or not inputs:
-            raise AttnlabError(f"{name}: expected the model's keyword inputs as a dict "
-                               f"(e.g. {{'input_ids': ids}}), got {inputs!r}")
+    _check_inputs(clean, corrupted)
     if (heads is None) == (layers is None):
         raise AttnlabError("heads, layers: expected exactly one of them (heads patch hook_z, "
                            f"layers hook_resid_post), got heads={heads!r}, layers={layers!r}")
@@ -117,6 +119,30 @@ def patch(model: Any, clean: dict[str, Any], corrupted: dict[str, Any], *,
     return run_with_hooks(model, hooks=[(name, edit) for name in names], **corrupted)
 
 
+def _check_inputs(clean: Any, corrupted: Any) -> None:
+    for name, inputs in (("clean", clean), ("corrupted", corrupted)):
+        if not isinstance(inputs, dict) or not inputs:
+            raise AttnlabError(f"{name}: expected the model's keyword inputs as a dict "
+                               f"(e.g. {{'input_ids': ids}}), got {inputs!r}")
+
+
+def _where(positions: Sequence[int] | None, T: int) -> list[int]:
+    """The checked token positions (all T when None)."""
+    where = list(range(T)) if positions is None else list(positions)
+    for position in where:
+        if not isinstance(position, int) or isinstance(position, bool) \
+                or not -T <= position < T:
+            raise AttnlabError(f"positions: expected positions in [{-T}, {T}), "
+                               f"got {position!r}")
+    return where
+
+
+def _same_shape(source: Any, value: Any, name: str) -> None:
+    if tuple(source.shape) != tuple(value.shape):
+        raise AttnlabError(f"corrupted: expected inputs of the clean run's shape ({name} "
+                           f"{tuple(source.shape)}), got {tuple(value.shape)}")
+
+
 def _patcher(cache: Any, by_layer: dict[int, list[int]] | None,
              positions: Sequence[int] | None) -> Callable[[Any, str], Any]:
     """The hook that writes the clean run's values (``cache``) into the corrupted run: the
@@ -124,17 +150,9 @@ def _patcher(cache: Any, by_layer: dict[int, list[int]] | None,
 
     def edit(value: Any, name: str) -> Any:
         source = cache[name]
-        if tuple(source.shape) != tuple(value.shape):
-            raise AttnlabError(f"corrupted: expected inputs of the clean run's shape ({name} "
-                               f"{tuple(source.shape)}), got {tuple(value.shape)}")
+        _same_shape(source, value, name)
         time_axis = 2 if name.endswith("hook_z") else 1  # (B, H, T, D) or (B, T, E)
-        T = value.shape[time_axis]
-        where = list(range(T)) if positions is None else list(positions)
-        for position in where:
-            if not isinstance(position, int) or isinstance(position, bool) \
-                    or not -T <= position < T:
-                raise AttnlabError(f"positions: expected positions in [{-T}, {T}), "
-                                   f"got {position!r}")
+        where = _where(positions, value.shape[time_axis])
         value = value.clone()
         index: list[Any] = [slice(None)] * value.dim()
         index[time_axis] = where
@@ -149,6 +167,76 @@ def _patcher(cache: Any, by_layer: dict[int, list[int]] | None,
     return edit
 
 
+def path_patch(model: Any, clean: dict[str, Any], corrupted: dict[str, Any], *,
+               sender: tuple[int, int], receivers: Sequence[tuple[int, int]],
+               positions: Sequence[int] | None = None) -> Any:
+    """The model's output on ``corrupted`` when the ``sender`` head's z from ``clean``
+    reaches it only through the ``receivers`` (path patching, Wang et al. 2022).
+
+    The same two runs as :func:`attnlab.lens.path_patch` (attnlab's own models), on the
+    hook points ``blocks.{l}.attn.hook_z`` (B, H, T, D):
+
+    1. run ``corrupted`` with the sender's z taken from the clean run (at ``positions``,
+       default all) and every other head's z frozen at its corrupted-run value, except
+       the receivers', which are recomputed from the stream the sender changed; keep the
+       receivers' z;
+    2. run ``corrupted`` with only the receivers' z replaced by those of step 1 (at every
+       position); its output is returned.
+
+    What lies on the way (residual stream, norms, MLPs) is recomputed, as in
+    TransformerLens. ``sender`` (layer, head) and ``receivers`` [(layer, head), ...] are
+    0-based; every receiver sits in a layer after the sender's. ``clean`` and
+    ``corrupted`` are the model's keyword inputs of the same shape.
+    """
+    import torch
+
+    from . import run_with_cache, run_with_hooks
+
+    _check_inputs(clean, corrupted)
+    L, H = _shape(model)
+    ((sender_layer, (sender_head,)),) = _heads([sender], L, H, "sender").items()
+    receiving = _heads(receivers, L, H, "receivers")
+    if not receiving:
+        raise AttnlabError("receivers: expected at least one (layer, head), got none")
+    early = [layer for layer in receiving if layer <= sender_layer]
+    if early:
+        raise AttnlabError(f"receivers: expected heads in layers after the sender's "
+                           f"({sender_layer}), got one in layer {early[0]}")
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(max(receiving) + 1)]
+    sender_name = names[sender_layer]
+    with torch.no_grad():
+        _, clean_cache = run_with_cache(model, names=[sender_name], **clean)
+        _, corrupted_cache = run_with_cache(model, names=names, **corrupted)
+    _same_shape(clean_cache[sender_name], corrupted_cache[sender_name], sender_name)
+    where = _where(positions, corrupted_cache[sender_name].shape[2])
+    received: dict[str, Any] = {}
+
+    def sender_and_frozen(z: Any, name: str) -> Any:  # z: (B, H, T, D)
+        layer = int(name.split(".")[1])
+        patched = corrupted_cache[name].to(z.dtype).clone()  # every head frozen
+        if layer == sender_layer:
+            patched[:, sender_head, where] = clean_cache[name][:, sender_head, where].to(
+                z.dtype)
+        for head in receiving.get(layer, []):
+            patched[:, head] = z[:, head]  # recomputed from the patched stream
+        if layer in receiving:
+            received[name] = z.detach().clone()
+        return patched
+
+    with torch.no_grad():
+        run_with_hooks(model, hooks=[(name, sender_and_frozen) for name in names],
+                       **corrupted)
+
+    def receivers_only(z: Any, name: str) -> Any:  # z: (B, H, T, D)
+        z = z.clone()
+        for head in receiving[int(name.split(".")[1])]:
+            z[:, head] = received[name][:, head].to(z.dtype)
+        return z
+
+    return run_with_hooks(model, hooks=[(f"blocks.{layer}.attn.hook_z", receivers_only)
+                                        for layer in receiving], **corrupted)
+
+
 def patch_sweep(model: Any, clean: dict[str, Any], corrupted: dict[str, Any],
                 metric: Callable[[Any], Any], *,
                 positions: Sequence[int] | None = None) -> np.ndarray:
@@ -160,10 +248,7 @@ def patch_sweep(model: Any, clean: dict[str, Any], corrupted: dict[str, Any],
 
     from . import run_with_cache, run_with_hooks
 
-    for name, inputs in (("clean", clean), ("corrupted", corrupted)):
-        if not isinstance(inputs, dict) or not inputs:
-            raise AttnlabError(f"{name}: expected the model's keyword inputs as a dict "
-                               f"(e.g. {{'input_ids': ids}}), got {inputs!r}")
+    _check_inputs(clean, corrupted)
     if not callable(metric):
         raise AttnlabError(f"metric: expected a function of the model's output, got {metric!r}")
     L, H = _shape(model)

@@ -171,10 +171,12 @@ def _value_norms(model: Any, attention: Any, value: Any, num_heads: int) -> np.n
     Linear and GPT-2's Conv1D are read the same way."""
     import torch
 
+    from ..torch.gqa import repeat_kv
+
     projection = output_projection(model, attention)
     value = value[0]  # (Hkv, S, Dv)
     Hkv, S, Dv = value.shape
-    value = value.repeat_interleave(num_heads // Hkv, dim=0)  # (H, S, Dv)
+    value = repeat_kv(value, num_heads // Hkv)  # (H, S, Dv)
     norms = np.empty((num_heads, S))
     with torch.no_grad():
         zero = projection(value.new_zeros(1, num_heads * Dv))  # (1, E): the bias

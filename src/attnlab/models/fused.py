@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from ..fast.varlen import attend_packed
+from ..masked_softmax import stable_softmax
 from ..nn.layers import EncoderBlock, layer_norm_inplace
 from ..nn.multihead import linear
 from ..special import gelu_erf
@@ -85,7 +86,7 @@ def fused_encoder(blocks: list[EncoderBlock], x: np.ndarray, mask: np.ndarray | 
             if key_bias is not None:
                 scores += key_bias  # (B, H, T, S)
             if exact:  # rare: some row lies far below its block's maximum
-                _softmax_last_axis(scores)  # (B, H, T, S) weights
+                stable_softmax(scores, in_place=True)  # (B, H, T, S) weights
             elif softmax_by_blocks(scores):
                 break
         # weights @ V written straight into the merged-heads layout.
@@ -161,7 +162,7 @@ def softmax_by_blocks(scores: np.ndarray) -> bool:
 
     Returns False, with ``scores`` spoilt, if a row's maximum is so far below its
     block's that its small weights would lose precision: recompute the scores
-    and use :func:`_softmax_last_axis`.
+    and use :func:`attnlab.masked_softmax.stable_softmax`.
     """
     B, H, T, S = scores.shape
     top = scores.reshape(B * H, T * S).max(axis=1)  # (B·H,) block maxima
@@ -177,18 +178,3 @@ def softmax_by_blocks(scores: np.ndarray) -> bool:
     # Dividing by a (B, H, T, 1) array would again loop per row: expand it instead.
     scores *= np.repeat(1.0 / sums, S).reshape(B, H, T, S)
     return True
-
-
-def _softmax_last_axis(scores: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis in place, as attnlab.attention's plain path.
-
-    A row whose keys are all -inf (nothing to attend to) becomes zeros, not NaN.
-    """
-    row_max = np.max(scores, axis=-1, keepdims=True)  # (..., T, 1)
-    row_max[np.isneginf(row_max)] = 0.0  # all-masked row: avoid -inf - -inf
-    scores -= row_max
-    np.exp(scores, out=scores)
-    sums = np.sum(scores, axis=-1, keepdims=True)  # (..., T, 1)
-    sums[sums == 0.0] = 1.0  # nothing to attend to: leave the zeros
-    scores /= sums
-    return scores

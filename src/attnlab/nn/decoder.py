@@ -47,6 +47,7 @@ from ..fast.kv_cache import KVCache, SlidingWindowKVCache
 from ..fast.sparse import sliding_window_mask
 from ..hooks import HookSite, any_attached
 from ..init import RngLike, as_rng, init_weight
+from ..masked_softmax import stable_softmax
 from .layers import EncoderBlock, FeedForward, LayerNorm
 from .multihead import MultiHeadAttention, linear, merge_heads
 
@@ -357,7 +358,7 @@ def _pick(logits: np.ndarray, greedy: bool, temperature: float, rng: np.random.G
     # the NaN that (logits / T) overflowing to inf - inf gave.
     shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)  # (B, V)
     with np.errstate(over="ignore"):
-        probs = np.exp(shifted / temperature)  # (B, V), the largest logit has weight 1
+        probs = stable_softmax(shifted / temperature, in_place=True)  # (B, V)
     cdf = np.cumsum(probs, axis=-1)  # (B, V)
     draws = rng.random(logits.shape[0]) * cdf[:, -1]  # (B,)
     return np.minimum((cdf <= draws[:, None]).sum(axis=-1), logits.shape[-1] - 1)  # (B,)

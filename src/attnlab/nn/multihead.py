@@ -45,8 +45,8 @@ from ..kernel import (
     check_score_range,
     check_softcap,
     scaled_scores,
-    softmax_rows,
 )
+from ..masked_softmax import stable_softmax
 from ..positional_relative import RotaryEmbedding, alibi_bias
 from ..trace import Recorder
 
@@ -457,7 +457,7 @@ class MultiHeadAttention:
             # attend's steps one by one, so that the hooks see (and may replace) each.
             scores = site("hook_attn_scores", scaled_scores(
                 q, k, allowed, bias, scale, softcap=softcap))  # (B, H, T, S)
-            weights = site("hook_pattern", softmax_rows(scores.copy()))  # (B, H, T, S)
+            weights = site("hook_pattern", stable_softmax(scores))  # (B, H, T, S)
             heads = weights @ v  # (B, H, T, Dv)
         else:
             heads, weights = attend(q, k, v, allowed, bias, scale,
