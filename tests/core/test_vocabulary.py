@@ -59,8 +59,11 @@ def _public_callables():
             if inspect.isclass(obj):
                 if issubclass(obj, Exception):
                     continue
+                # Methods written in attnlab, inherited ones too (the caches' attend is
+                # their shared bookkeeping's).
+                own = [vars(base) for base in obj.__mro__ if base.__module__.startswith("attnlab")]
                 for method in ("__init__", "__call__", "init", "attend", "append", "forward"):
-                    if method in vars(obj):
+                    if any(method in names for names in own):
                         seen[f"{name}.{method}"] = getattr(obj, method)
             elif callable(obj):
                 seen[name] = obj
