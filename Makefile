@@ -44,14 +44,15 @@ demo: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m mkdocs build --strict --quiet
 
-# Lint and types; the whole suite; the numerics tiers again under every OpenBLAS
-# kernel the CPU can run, with torch at 1 and 2 threads (scripts/test-numerics.sh
-# says which runs); tests/core where only NumPy is installed. The site is built
+# Lint and types; the whole suite, in two processes (a test file stays in one: see
+# tests/conftest.py); the numerics tiers again under every OpenBLAS kernel the CPU
+# can run, with torch at 1 and 2 threads (scripts/test-numerics.sh says which runs);
+# tests/core where only NumPy is installed. The site is built
 # first, strictly, and tests/docs opens that build in headless Chromium.
 test: setup $(CORE_STAMP) docs
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
-	ATTNLAB_DOCS_SITE=site $(BIN)/python -m pytest
+	ATTNLAB_DOCS_SITE=site $(BIN)/python -m pytest -n 2 --dist loadfile
 	bash scripts/test-numerics.sh --skip-covered $(BIN)/python
 	$(CORE_BIN)/python -c 'import importlib.util as u, sys; extra = [m for m in ("torch", "matplotlib") if u.find_spec(m)]; extra and sys.exit(f"$(CORE_VENV) has {extra}: tests/core must run without them")'
 	$(CORE_BIN)/python -m pytest tests/core

@@ -11,6 +11,12 @@
   ``numerics`` marker: their results depend on the BLAS kernel and the thread
   counts, so ``pytest -m numerics`` selects them.
 
+- Parallel runs: ``make test`` runs ``-n 2 --dist loadfile`` (pytest-xdist), so a test
+  file stays in one worker and its module-scoped fixtures (a loaded model, spawned
+  ranks, a Chromium) are built once; tests/docs/conftest.py shares one site build
+  between the workers. Each worker is a pytest process of its own: the torch thread
+  count below is set in each.
+
 - tests/hf (attnlab inside Hugging Face models) compares torch with torch, so it is
   not a numerics tier; its own conftest sets the hub offline and registers attnlab.
 
