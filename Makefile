@@ -40,7 +40,8 @@ demo: setup
 
 # The documentation site, into site/ (strict: a broken link, a missing page or an API
 # name that no longer exists fails it). The tutorial notebooks are executed once and
-# cached in .cache/ by their content; the kernel is this venv's python (first on PATH).
+# cached in .cache/ by their content (scripts/executed_notebooks.py: tests/tutorial
+# reads the same executions); the kernel is this venv's python.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m mkdocs build --strict --quiet
 

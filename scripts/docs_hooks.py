@@ -3,6 +3,9 @@
 - The tutorial: each language's navigation and lesson list is made from the notebooks
   in docs/tutorial/<lang>/ at build time (whatever notebooks are there), and each
   language's site holds only its own notebooks.
+- The tutorial's outputs: a notebook is executed by scripts/executed_notebooks.py, which
+  keeps the result for tests/tutorial (and reads the result those tests kept), so
+  ``make test`` runs each notebook once; mkdocs-jupyter then renders the executed copy.
 - The command line: ``<!-- attnlab-cli-help -->`` in cli.md / cli.zh.md becomes every
   command's ``--help``, produced by attnlab's own argparse parsers (in Chinese on the
   Chinese page, as ``--lang zh`` gives it), so the page cannot drift from the parsers.
@@ -24,8 +27,11 @@ import json
 import os
 import posixpath
 import re
+import tempfile
 from pathlib import Path
 
+import executed_notebooks  # scripts/executed_notebooks.py (mkdocs puts scripts/ on the path)
+import nbformat
 from mkdocs.plugins import event_priority
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,9 +73,30 @@ def _notebook_title(path: Path) -> str:
 _NAV: list = []
 
 
+def _render_executed(nb2html):
+    """mkdocs-jupyter's nb2html, given a tutorial notebook to execute, renders the copy
+    scripts/executed_notebooks.py executed (or had kept) instead of executing it again."""
+
+    def render(nb_path, *args, execute=False, **kwargs):
+        if not (execute and executed_notebooks.is_tutorial(Path(nb_path))):
+            return nb2html(nb_path, *args, execute=execute, **kwargs)
+        notebook = executed_notebooks.executed(Path(nb_path))
+        with tempfile.TemporaryDirectory(prefix="attnlab-notebook-") as folder:
+            copy = Path(folder) / Path(nb_path).name
+            nbformat.write(notebook, copy)
+            return nb2html(str(copy), *args, execute=False, **kwargs)
+
+    render.attnlab_executed = True
+    return render
+
+
 def on_config(config, **kwargs):
     """Put this language's notebooks under the tutorial entry of the navigation (the
     navigation as written is kept, since every language's build starts from it)."""
+    from mkdocs_jupyter import convert
+
+    if not getattr(convert.nb2html, "attnlab_executed", False):
+        convert.nb2html = _render_executed(convert.nb2html)
     if not _NAV:
         _NAV.append(copy.deepcopy(config.nav))
     config.nav = copy.deepcopy(_NAV[0])
