@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ..errors import AttnlabError, check_positive_int
 from ..lens.heads import DETECTORS, all_head_scores
 from ..messages import msg
-from .model import AblationMode, Decoder, ModelConfig
+from .model import AblationMode, Decoder, DecoderConfig
 from .tasks import IGNORE, Task
 
 __all__ = ["TrainConfig", "TrainResult", "Evaluation", "train", "evaluate", "snapshot_steps",
@@ -152,7 +152,7 @@ class TrainResult:
     ``heldout_loss`` (K,)."""
 
     task: Task
-    model_config: ModelConfig
+    model_config: DecoderConfig
     config: TrainConfig
     model: Decoder
     losses: np.ndarray
@@ -263,7 +263,7 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def train(
     task: Task,
-    model_config: ModelConfig,
+    model_config: DecoderConfig,
     config: TrainConfig | None = None,
     *,
     on_step: StepCallback | None = None,
