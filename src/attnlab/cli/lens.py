@@ -23,6 +23,13 @@ import numpy as np
 from ..messages import msg
 from .args import CliError, prepare_out_dir, text_argument
 
+#: ``--analysis`` on a Hugging Face decoder (:mod:`attnlab.cli.lens_hf`).
+HF_ANALYSES = ("overview", "patch", "patch-sweep", "path-patch", "dla")
+#: The options only the Hugging Face lens reads, with their unset value.
+HF_ONLY = (("--analysis", "analysis", "overview"), ("--corrupted", "corrupted", None),
+           ("--heads", "heads", None), ("--sender", "sender", None),
+           ("--receivers", "receivers", None))
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -46,6 +53,21 @@ def add_parser(sub: Any) -> None:
                    "instead of the packaged MiniLM, or any Hugging Face decoder folder: "
                    "head ablation, importance, logit lens and detectors through attnlab's "
                    "hook points")
+    p.add_argument("--analysis", choices=list(HF_ANALYSES), default="overview",
+                   help="Hugging Face decoders only: overview (ablation, importance, logit "
+                   "lens, detectors; default), patch (--heads' z from the TEXT run into the "
+                   "--corrupted run), patch-sweep (every head alone), path-patch (--sender's "
+                   "clean output reaching the output only through --receivers), dla (each "
+                   "head's direct contribution to the top token's logit at the last position)")
+    p.add_argument("--corrupted", metavar="OTHER",
+                   help="the corrupted text (as many tokens as TEXT) for patch, patch-sweep "
+                   "and path-patch; the measure is the log-probability, at the last "
+                   "position, of the TEXT run's top next token")
+    p.add_argument("--heads", metavar="L.H,...",
+                   help="the heads --analysis patch patches, LAYER.HEAD from 1, like 1.3,2.1")
+    p.add_argument("--sender", metavar="L.H", help="--analysis path-patch: the sender head")
+    p.add_argument("--receivers", metavar="L.H,...",
+                   help="--analysis path-patch: the receiver heads, in later layers")
     p.add_argument("--out", metavar="DIR", default="attnlab-lens",
                    help="where to write the files (default attnlab-lens/)")
     p.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the output")
@@ -74,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
         from .lens_hf import run_transformers_lens
 
         return run_transformers_lens(args, table_text)
+    for flag, dest, unset in HF_ONLY:
+        if getattr(args, dest) != unset:
+            raise CliError(msg("cli.lens_hf_only", flag=flag))
     zh = args.lang == "zh"
     if args.study == (args.text is not None):
         raise CliError(msg("cli.text_or_study" if args.study else "cli.text_needed"))

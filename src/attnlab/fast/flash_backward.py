@@ -153,6 +153,17 @@ def flash_attention_backward(
     # P = exp(s - high - low) = exp(s - high) · row_scale: the low part, a per-row factor,
     # is carried by the (bq, D) and (bq, Dv) operands rather than by a pass over each tile.
     row_scale = units.exp(-lse_low)  # (..., T, 1)
+    # Without a soft cap, a bias or ALiBi slopes (which act on the scores before the lse
+    # comes off), the lse's high part is subtracted inside the score matmul: kᵀ gets a
+    # row of ones and each block of queries a column -high, so that s - high is the last
+    # term of each dot product instead of a pass over every tile.
+    folded = tiles.softcap is None and tiles.bias is None and tiles.alibi_slopes is None
+    k_scores = k_t  # (..., D, S), or (..., D + 1, S) folded
+    if folded:
+        k_ones = np.empty((*k_arr.shape[:-2], D + 1, S), dtype=dtype)  # (..., D + 1, S)
+        k_ones[..., :D, :] = np.swapaxes(k_arr, -1, -2)
+        k_ones[..., D, :] = 1.0
+        k_scores = np.broadcast_to(k_ones, (*batch, D + 1, S))
     sink_weight = None
     delta_scale = None  # (..., T, 1): δ's factor, the keys' share of each row's weight
     if sink_logits is not None:  # the keys' weights sum to 1 - P_sink, not 1
@@ -176,10 +187,10 @@ def flash_attention_backward(
         # pages per tile cost time (as in the forward's online_softmax).
         buffers = (np.empty(part_heads * rows_q * width, dtype=dtype),
                    np.empty(part_heads * rows_q * width, dtype=dtype))
-        args = (q_full[index], k_full[index], k_t[index], v_t[index], dout_arr[index],
+        args = (q_full[index], k_full[index], k_scores[index], v_t[index], dout_arr[index],
                 lse_high[index], row_scale[index],
                 None if delta_scale is None else delta_scale[index], part_tiles, units,
-                scores_scale)
+                scores_scale, folded)
         for q0 in range(0, T, rows_q):
             _backward_rows(*args, q0, min(q0 + rows_q, T), block_k, buffers,
                            delta[index], dq[index], dk[index], dv[index])
@@ -207,19 +218,20 @@ def flash_attention_backward(
 
 
 def _backward_rows(
-    q: np.ndarray, k: np.ndarray, k_t: np.ndarray, v_t: np.ndarray, dout: np.ndarray,
+    q: np.ndarray, k: np.ndarray, k_scores: np.ndarray, v_t: np.ndarray, dout: np.ndarray,
     lse_high: np.ndarray, row_scale: np.ndarray, delta_scale: np.ndarray | None, tiles: Tiles,
-    units: ScoreUnits, scores_scale: np.floating, q0: int, q1: int, block_k: int,
+    units: ScoreUnits, scores_scale: np.floating, folded: bool, q0: int, q1: int, block_k: int,
     buffers: tuple[np.ndarray, np.ndarray], delta: np.ndarray, dq: np.ndarray,
     dk: np.ndarray, dv: np.ndarray,
 ) -> None:
     """One block of queries' share of the backward: writes dq's rows, adds to dk and dv.
 
-    Shapes: q (..., T, D), k (..., S, D), k_t (..., D, S), v_t (..., Dv, S),
-    dout (..., T, Dv); lse_high, row_scale, delta_scale (..., T, 1) (delta_scale:
-    the keys' share of each row's weight with sinks, else None); ``buffers``: two
-    flat arrays of (...)·bq·S elements or more, for the row's P and dP tiles;
-    delta (..., T, 1), whose rows are written; dq (..., T, D), dk (..., S, D),
+    Shapes: q (..., T, D), k (..., S, D), k_scores (..., D, S) = kᵀ, or (..., D + 1, S)
+    with a last row of ones when ``folded`` (lse_high then comes off inside the score
+    matmul), v_t (..., Dv, S), dout (..., T, Dv); lse_high, row_scale, delta_scale
+    (..., T, 1) (delta_scale: the keys' share of each row's weight with sinks, else
+    None); ``buffers``: two flat arrays of (...)·bq·S elements or more, for the
+    row's P and dP tiles; delta (..., T, 1), whose rows are written; dq (..., T, D), dk (..., S, D),
     dv (..., S, Dv), updated in place.
 
     A first sweep over the key tiles makes each tile's P' = exp(s - lse_high) and
@@ -230,15 +242,26 @@ def _backward_rows(
     a tile, and cancels out of δ.
     """
     dtype = q.dtype
-    q_scores = q[..., q0:q1, :] * scores_scale  # (..., bq, D) in score units
     dout_blk = dout[..., q0:q1, :]  # (..., bq, Dv)
     scale_rows = row_scale[..., q0:q1, :]  # (..., bq, 1)
     high = lse_high[..., q0:q1, :]  # (..., bq, 1)
+    D = q.shape[-1]
+    q_scores = np.empty((*q.shape[:-2], q1 - q0, k_scores.shape[-2]), dtype=dtype)
+    np.multiply(q[..., q0:q1, :], scores_scale, out=q_scores[..., :D])  # (..., bq, D) in units
+    empty = None  # (..., bq, 1) rows with nothing to attend to (high = +inf), folded only
+    if folded:
+        # (..., bq, 1): [q, -high] · [k, 1] = s - high. Not np.negative(high, out=...): NumPy
+        # 2.4's unary ufuncs read a (2, 1, 1) view of a (2, 4, 1) array wrongly into an out=.
+        q_scores[..., D:] = -high
+        if np.isinf(high).any():  # -inf inside a matmul sets its invalid flag (inf · 0 in
+            empty = np.isinf(high)  # padding): such rows get 0 there and -inf after it
+            q_scores[..., D:][empty] = 0.0
+    ones = np.ones((block_k, 1), dtype=dtype)  # (bk, 1): P' @ ones = Σ P' per row
     kept: list[tuple[slice, int, int, np.ndarray, np.ndarray, np.ndarray | None]] = []
     used = 0  # of the buffers, in elements
     weighted = np.zeros((*dout_blk.shape[:-1], 2), dtype=dtype)  # (..., bq, 2) [Σ P' dP, Σ P']
-    for k0 in range(0, k_t.shape[-1], block_k):
-        k1 = min(k0 + block_k, k_t.shape[-1])
+    for k0 in range(0, k_scores.shape[-1], block_k):
+        k1 = min(k0 + block_k, k_scores.shape[-1])
         tile_blocked = tiles.blocked(q0, q1, k0, k1, None)
         if tile_blocked is SKIP:
             continue
@@ -248,19 +271,22 @@ def _backward_rows(
             rows = slice(r0 - q0, r1 - q0)
             tile_shape = (*dout_blk.shape[:-2], r1 - r0, c1 - c0)  # (..., bq, bk)
             start, used = used, used + math.prod(tile_shape)
-            weights = np.matmul(q_scores[..., rows, :], k_t[..., c0:c1],
+            weights = np.matmul(q_scores[..., rows, :], k_scores[..., c0:c1],
                                 out=buffers[0][start:used].reshape(tile_shape))  # scores
             cap_slope = tiles.cap(weights, slope=True)  # (..., bq, bk) 1 - tanh², or None
             tiles.add_bias(weights, r0, r1, c0, c1)
             if blocked is not None:
                 np.copyto(weights, -np.inf, where=blocked)
-            with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should be
-                weights -= high[..., rows, :]
+            if empty is not None:
+                np.copyto(weights, -np.inf, where=empty[..., rows, :])
+            if not folded:
+                with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should
+                    weights -= high[..., rows, :]
             units.exp(weights, out=weights)  # (..., bq, bk) P', recomputed
             dscores = np.matmul(dout_blk[..., rows, :], v_t[..., c0:c1],
                                 out=buffers[1][start:used].reshape(tile_shape))  # dP
-            weighted[..., rows, 0] += np.einsum("...ij,...ij->...i", weights, dscores)
-            weighted[..., rows, 1] += weights.sum(axis=-1)  # (..., bq)
+            weighted[..., rows, 0] += row_dots(weights, dscores)  # (..., bq) Σ P' ⊙ dP
+            weighted[..., rows, 1:] += np.matmul(weights, ones[: c1 - c0])  # (..., bq, 1) Σ P'
             kept.append((rows, c0, c1, weights, dscores, cap_slope))
     # δ = Σ_S P ⊙ dP / Σ_S P, from the very P and dP tiles used below. FlashAttention-2
     # takes δ = rowsum(dout ⊙ out) instead, equal in exact arithmetic, but it carries
@@ -288,6 +314,14 @@ def _backward_rows(
         dk[..., c0:c1, :] += np.matmul(np.swapaxes(dscores, -1, -2),
                                        q_scaled[..., rows, :])  # (..., bk, D)
     np.multiply(dq_rows, scale_rows, out=dq[..., q0:q1, :])
+
+
+def row_dots(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Σ_j a_ij · b_ij per row: (..., n, m), (..., n, m) -> (..., n). NumPy >= 2's vecdot
+    runs ~1.7x faster than the einsum it replaces (one (512, 512) float32 tile: 33 vs 57 µs)."""
+    if hasattr(np, "vecdot"):
+        return np.vecdot(a, b)
+    return np.einsum("...ij,...ij->...i", a, b)
 
 
 def _backward_rows_q(

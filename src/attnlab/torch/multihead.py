@@ -21,7 +21,7 @@ keys' and values' input).
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -30,41 +30,26 @@ from torch import nn
 from ..errors import (
     AttnlabError,
     check_alloc,
-    check_broadcastable,
     check_flag,
     check_positive_int,
 )
 from ..hooks import HookSite
 from ..kernel import check_softcap
 from ..nn import multihead as np_multihead
-from ..shapes import check_key_padding_shape, check_module_inputs, check_score_elements
+from ..shapes import check_score_elements
 from . import debug
 from .checks import (
-    as_bool_tensor,
     check_module_dtype,
     check_positive_float,
     check_probability,
-    check_same_device,
-    module_input,
 )
 from .gqa import repeat_kv
 from .kernel import PLAIN_PATH_HINT, attend, causal_allowed, scaled_scores, stable_softmax
-from .params import to_array, to_optional_array, to_param, torch_dtype
+from .multihead_inputs import MultiHeadInputs, check_multihead_inputs
+from .multihead_params import from_torch_layout, multihead_from_numpy, multihead_to_numpy
 from .positional import alibi_values, rotate
 
 __all__ = ["MultiHeadAttention", "MultiHeadInputs"]
-
-
-class MultiHeadInputs(NamedTuple):
-    """Inputs of multi-head attention after :meth:`MultiHeadAttention.check_inputs`
-    (no math done yet)."""
-
-    query: torch.Tensor  # (B, T, E) or (T, E)
-    key: torch.Tensor  # (B, S, Ekv) or (S, Ekv)
-    value: torch.Tensor  # (B, S, Ekv) or (S, Ekv)
-    allowed: torch.Tensor | None  # bool, broadcastable to (B, H, T, S), without causal
-    bias: torch.Tensor | None  # float, broadcastable to (B, H, T, S)
-    is_causal: bool
 
 
 class MultiHeadAttention(nn.Module):
@@ -223,7 +208,7 @@ class MultiHeadAttention(nn.Module):
         self.add_zero_attn = check_flag(add_zero_attn, "add_zero_attn")
         self.reset_parameters(v_gain=float(v_gain), generator=generator)
         # nn.MultiheadAttention's state_dict loads here too (in_proj_weight, bias_k, ...).
-        self._register_load_state_dict_pre_hook(_from_torch_layout, with_module=True)
+        self._register_load_state_dict_pre_hook(from_torch_layout, with_module=True)
 
     def reset_parameters(
         self, *, v_gain: float = 1.0, generator: torch.Generator | None = None
@@ -325,57 +310,15 @@ class MultiHeadAttention(nn.Module):
 
         Shapes, dtypes and devices always; values only under
         :func:`attnlab.torch.debug_checks`. :meth:`forward_checked` computes on the result.
+        (:func:`attnlab.torch.multihead_inputs.check_multihead_inputs` with this module's
+        sizes.)
         """
-        like = self.q_proj.weight
-        q_name, k_name, v_name = names
-        q_in = module_input(query, q_name, like)
-        k_in = module_input(key, k_name, like)
-        v_in = module_input(value, v_name, like)
-        if not self.batch_first:  # (T, B, E) -> (B, T, E); unbatched (T, E) is the same
-            q_in, k_in, v_in = (t.transpose(0, 1) if t.ndim == 3 else t
-                                for t in (q_in, k_in, v_in))
-        lead, T, S = check_module_inputs(q_in.shape, k_in.shape, v_in.shape, self.d_model,
-                                         self.d_context, names, Ev=self.d_value_context)
-        score_shape = (*lead, self.num_heads, T, S)
-        score_layout = "(B, H, T, S)" if lead else "(H, T, S)"
-        is_causal = check_flag(is_causal, "is_causal")
-        allowed: torch.Tensor | None = None
-        if mask is not None:
-            allowed = as_bool_tensor(mask, "mask")
-            check_broadcastable(allowed.shape, score_shape, "mask", score_layout)
-            check_same_device(like, "the module", allowed, "mask")
-        if key_padding is not None:
-            is_tensor = isinstance(key_padding, torch.Tensor)
-            check_key_padding_shape(
-                key_padding.shape if is_tensor else None,
-                str(key_padding.dtype) if is_tensor else type(key_padding).__name__,
-                is_tensor and key_padding.dtype == torch.bool, (*lead, S),
-            )
-            check_same_device(like, "the module", key_padding, "key_padding")
-            padding = key_padding[..., None, None, :]  # (B, 1, 1, S)
-            allowed = padding if allowed is None else (allowed & padding)  # (B, H, T, S)
-        bias_t: torch.Tensor | None = None
-        if bias is not None:
-            if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
-                raise AttnlabError(
-                    f"bias: expected a float tensor, got "
-                    f"{bias.dtype if isinstance(bias, torch.Tensor) else type(bias).__name__}"
-                )
-            check_broadcastable(bias.shape, score_shape, "bias", score_layout)
-            check_same_device(like, "the module", bias, "bias")
-            bias_t = bias.to(like.dtype)
-        if self.rope and T > S:
-            raise AttnlabError(
-                f"{q_name}: RoPE places queries at positions S - T .. S - 1, expected T <= S, "
-                f"got T = {T}, S = {S}"
-            )
-        if debug.debug_checks_enabled():
-            if bias is not None:
-                debug.check_bias_values(bias)
-            named = [(q_name, q_in)]
-            named += [(n, t) for n, t in ((k_name, k_in), (v_name, v_in)) if t is not q_in]
-            debug.check_finite(named)
-        return MultiHeadInputs(q_in, k_in, v_in, allowed, bias_t, is_causal)
+        return check_multihead_inputs(
+            query, key, value, mask, key_padding, bias, is_causal, like=self.q_proj.weight,
+            num_heads=self.num_heads, d_model=self.d_model, d_context=self.d_context,
+            d_value_context=self.d_value_context, batch_first=self.batch_first, rope=self.rope,
+            names=names,
+        )
 
     def forward_checked(
         self, c: MultiHeadInputs, return_weights: bool = False, *, softcap: float | None = None,
@@ -478,33 +421,8 @@ class MultiHeadAttention(nn.Module):
         Any shapes the core accepts (GQA, D != E/H, Dv != D, cross-attention widths,
         missing biases) carry over. dtype: the arrays' unless ``dtype`` is given.
         """
-        if not isinstance(mha, np_multihead.MultiHeadAttention):
-            raise AttnlabError(
-                f"mha: expected an attnlab.MultiHeadAttention, got {type(mha).__name__}"
-            )
-        params = mha.parameters()
-        dtype = dtype or torch_dtype(*params.values())
-        module = cls(
-            mha.num_heads, mha.Wq.shape[0], dropout=dropout,
-            num_kv_heads=mha.num_kv_heads, head_dim=mha.head_dim,
-            value_head_dim=mha.value_head_dim, d_context=mha.Wk.shape[0],
-            d_value_context=mha.Wv.shape[0],
-            d_out=mha.Wo.shape[1], device=device, dtype=dtype,
-            rope=mha.rope is not None, alibi=mha.alibi,
-            rope_base=mha.rope.base if mha.rope is not None else 10000.0,
-            rope_interleaved=mha.rope.interleaved if mha.rope is not None else False,
-        )
-        with torch.no_grad():
-            for linear, w_name, b_name in (
-                (module.q_proj, "Wq", "bq"), (module.k_proj, "Wk", "bk"),
-                (module.v_proj, "Wv", "bv"), (module.out_proj, "Wo", "bo"),
-            ):
-                linear.weight.copy_(to_param(params[w_name], transpose=True, like=linear.weight))
-                if b_name in params:
-                    linear.bias.copy_(to_param(params[b_name], transpose=False, like=linear.bias))
-                else:
-                    linear.register_parameter("bias", None)
-        return module
+        return cast(MultiHeadAttention, multihead_from_numpy(
+            cls, mha, dropout=dropout, device=device, dtype=dtype))
 
     def to_numpy(self) -> np_multihead.MultiHeadAttention:
         """The NumPy :class:`attnlab.MultiHeadAttention` with these parameters.
@@ -514,57 +432,4 @@ class MultiHeadAttention(nn.Module):
         batch-first. ``add_bias_kv`` and ``add_zero_attn`` have no NumPy counterpart
         (nor a NumPy backward) and are refused.
         """
-        from ..positional_relative import RotaryEmbedding
-
-        if self.bias_k is not None or self.add_zero_attn:
-            raise AttnlabError(
-                "module: expected add_bias_kv=False and add_zero_attn=False (the NumPy "
-                "MultiHeadAttention has neither), got "
-                f"add_bias_kv={self.bias_k is not None}, add_zero_attn={self.add_zero_attn}"
-            )
-
-        rope = (RotaryEmbedding(self.head_dim, base=self.rope_base,
-                                interleaved=self.rope_interleaved) if self.rope else None)
-        return np_multihead.MultiHeadAttention(
-            Wq=to_array(self.q_proj.weight, transpose=True),
-            Wk=to_array(self.k_proj.weight, transpose=True),
-            Wv=to_array(self.v_proj.weight, transpose=True),
-            Wo=to_array(self.out_proj.weight, transpose=True),
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            bq=to_optional_array(self.q_proj.bias),
-            bk=to_optional_array(self.k_proj.bias),
-            bv=to_optional_array(self.v_proj.bias),
-            bo=to_optional_array(self.out_proj.bias),
-            rope=rope,
-            alibi=self.alibi,
-        )
-
-
-def _from_torch_layout(
-    module: MultiHeadAttention, state_dict: dict[str, Any], prefix: str, *_: Any
-) -> None:
-    """Rename an ``nn.MultiheadAttention`` state_dict's entries to this module's, in place.
-
-    torch packs the three input projections into ``in_proj_weight`` (3E, E) and
-    ``in_proj_bias`` (3E,) (or keeps ``q_proj_weight``, ``k_proj_weight``,
-    ``v_proj_weight`` apart when kdim/vdim differ from E) and stores ``bias_k`` /
-    ``bias_v`` as (1, 1, E). Entries already in this module's layout are left alone.
-    """
-    linears = (module.q_proj, module.k_proj, module.v_proj)
-    sizes = [lin.out_features for lin in linears]
-    for packed, field in ((prefix + "in_proj_weight", "weight"), (prefix + "in_proj_bias", "bias")):
-        tensor = state_dict.get(packed)
-        if isinstance(tensor, torch.Tensor) and tensor.ndim >= 1 and tensor.shape[0] == sum(sizes):
-            del state_dict[packed]
-            for name, part in zip(("q_proj", "k_proj", "v_proj"), tensor.split(sizes),
-                                  strict=True):
-                state_dict[f"{prefix}{name}.{field}"] = part
-    for name in ("q_proj", "k_proj", "v_proj"):
-        separate = state_dict.pop(f"{prefix}{name}_weight", None)
-        if separate is not None:
-            state_dict[f"{prefix}{name}.weight"] = separate
-    for name in ("bias_k", "bias_v"):
-        extra = state_dict.get(prefix + name)
-        if isinstance(extra, torch.Tensor) and extra.ndim == 3:  # torch's (1, 1, E)
-            state_dict[prefix + name] = extra.reshape(-1)
+        return multihead_to_numpy(self)
