@@ -66,3 +66,24 @@ def test_errors_carry_their_message():
     assert plain.message is None and render_error(plain, "zh") == "a plain message"
     extra = missing_extra("torch", "torch", "attnlab.torch ")
     assert "pip install 'attnlab[torch]'" in render_error(extra, "zh")
+
+
+def test_a_message_travels_as_data_and_lists_join_per_language():
+    from attnlab.messages import Listing, render_value
+
+    m = msg("approx.says.faster_from", wins=Listing([msg("approx.says.win", knob="W", value=8,
+                                                         T=64), "x"], comma=True))
+    assert m.render("en") == ("On the Gaussian inputs, faster than exact at every T "
+                              "measured from: W=8 from T=64, x.")
+    assert "W=8 从 T=64 起，x" in m.render("zh")
+    note = msg("profile.note.tiled", rows=512)
+    data = note.as_dict()
+    assert data == {"key": "profile.note.tiled", "params": {"rows": 512}}
+    assert render_value(data, "zh") == note.render("zh") and render_value("plain", "zh") == "plain"
+
+
+def test_the_areas_join_the_catalog():
+    from attnlab.messages.exercises import EXERCISE_MESSAGES
+    from attnlab.messages.studies import STUDY_MESSAGES
+
+    assert set(STUDY_MESSAGES) <= set(MESSAGES) and set(EXERCISE_MESSAGES) <= set(MESSAGES)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..messages import msg
+from ..messages import Message, msg, render
 from .args import CliError, check_memory, int_list, prepare_out_dir
 
 
@@ -76,17 +76,14 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         prepare_out_dir(args.out)
 
-    from ..report.localize import localize
-
-    def progress(line: str) -> None:
-        print(localize(f"... {line}", args.lang), file=sys.stderr, flush=True)
+    def progress(line: Message) -> None:
+        print(f"... {line.render(args.lang)}", file=sys.stderr, flush=True)
 
     result = run_study(config, progress=progress)
-    print(localize(format_table(result), args.lang))
+    print(format_table(result, args.lang))
     if args.out is not None:
         for path in save_study(result, args.out, lang=args.lang):
-            print(localize(f"wrote {path}", args.lang), file=sys.stderr)
+            print(render("cli.wrote", args.lang, path=path), file=sys.stderr)
     else:
-        print(localize("(pass --out DIR to write approx.json and the plots)", args.lang),
-              file=sys.stderr)
+        print(render("cli.approx_pass_out", args.lang), file=sys.stderr)
     return 0

@@ -20,7 +20,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from ..messages import msg
+from ..messages import msg, render
 from .args import CliError, int_list, prepare_out_dir
 
 DEFAULT_OUT = "attnlab-bench"
@@ -179,14 +179,13 @@ def run_roofline(args: argparse.Namespace) -> int:
     result = run_roofline(config)
     print(format_roofline(result, args.lang))
     for path in write_roofline(result, args.out, plots=not args.no_plots, lang=args.lang):
-        print(f"wrote {path}" if args.lang == "en" else f"已写入 {path}", file=sys.stderr)
+        print(render("cli.wrote", args.lang, path=path), file=sys.stderr)
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     if args.roofline:
         return run_roofline(args)
-    from ..report.localize import localize
     from ..studies.bench import run_benchmarks
     from ..studies.bench_report import format_table, write_report
 
@@ -194,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     prepare_out_dir(args.out)  # now, not after minutes of measuring
     progress = None if args.no_progress else _ProgressBar(sys.stderr)
     result = run_benchmarks(config, progress=progress)
-    print(localize(format_table(result), args.lang))
+    print(format_table(result, args.lang))
     for path in write_report(result, args.out, plots=not args.no_plots, lang=args.lang):
-        print(localize(f"wrote {path}", args.lang), file=sys.stderr)
+        print(render("cli.wrote", args.lang, path=path), file=sys.stderr)
     return 0

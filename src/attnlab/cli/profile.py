@@ -14,7 +14,9 @@ import json
 import sys
 from typing import Any
 
-from ..messages import msg
+from ..messages import Message, msg, render, render_value
+from ..report.text import check_lang, display_width
+from ..report.words import Lang
 from .args import CliError, check_memory, int_list, prepare_out_dir
 
 MODEL_CHOICES = ("minilm", "bert-base", "tiny")
@@ -70,30 +72,31 @@ def _model_names(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _build_models(names: list[str], longest: int, seed: int) -> tuple[dict[str, Any],
-                                                                      dict[str, list[str]]]:
+def _build_models(names: list[str], longest: int, seed: int
+                  ) -> tuple[dict[str, Any], dict[str, list[Message]], dict[str, Message]]:
+    """The models by English name, with their notes and titles as keyed messages."""
     from ..studies.profile import BERT_BASE, TINY, random_bert
 
     models: dict[str, Any] = {}
-    notes: dict[str, list[str]] = {}
+    notes: dict[str, list[Message]] = {}
+    titles: dict[str, Message] = {}
     for name in names:
+        title = msg({"minilm": "profile.model.minilm", "bert-base": "profile.model.bert_base",
+                     "tiny": "profile.model.tiny"}[name])
+        label = str(title)
+        titles[label] = title
         if name == "minilm":
             from ..models import load_minilm
 
-            label = "MiniLM-L6 (all-MiniLM-L6-v2, pretrained)"
             models[label] = load_minilm()
-            notes[label] = ["real weights; token ids drawn at random (cost does not depend "
-                            "on the text)"]
+            notes[label] = [msg("profile.note.real_weights")]
             continue
         base = BERT_BASE if name == "bert-base" else TINY
         config = dataclasses.replace(
             base, max_position_embeddings=max(base.max_position_embeddings, longest))
-        label = ("BERT-base shape (random weights)" if name == "bert-base"
-                 else "tiny BERT (random weights)")
         models[label] = random_bert(config, seed=seed, name=label)
-        notes[label] = [f"random N(0, 0.02²) weights built from attnlab blocks; position table "
-                        f"of {config.max_position_embeddings} rows"]
-    return models, notes
+        notes[label] = [msg("profile.note.random_weights", rows=config.max_position_embeddings)]
+    return models, notes, titles
 
 
 def _check_sizes(names: list[str], seq_lens: list[int], batch: int) -> None:
@@ -130,28 +133,25 @@ def run(args: argparse.Namespace) -> int:
 
     from ..studies.profile import plot_shares, profile
 
-    models, notes = _build_models(names, max(seq_lens), args.seed)
+    models, notes, titles = _build_models(names, max(seq_lens), args.seed)
     report = profile(models, seq_lens, repeats=repeats, threads=threads, batch=batch,
-                     seed=args.seed, compare_forward=not args.no_compare, notes=notes)
-    from ..report.localize import localize
-
+                     seed=args.seed, compare_forward=not args.no_compare, notes=notes,
+                     titles=titles)
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
     else:
-        print(localize(format_report(report), args.lang))
+        print(format_report(report, args.lang))
     if folder is not None:
         path = folder / "profile.json"
         path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        print(localize(f"wrote {path}", args.lang), file=sys.stderr)
+        print(render("cli.wrote", args.lang, path=path), file=sys.stderr)
         try:
             from ..report.figures import save_figure
-            from ..report.localize import localize_figure
 
-            figure = localize_figure(plot_shares(report), args.lang)
-            png = save_figure(figure, folder / "profile_shares.png")
-            print(localize(f"wrote {png}", args.lang), file=sys.stderr)
+            png = save_figure(plot_shares(report, args.lang), folder / "profile_shares.png")
+            print(render("cli.wrote", args.lang, path=png), file=sys.stderr)
         except ImportError as exc:
-            print(localize(f"note: no plot ({exc})", args.lang), file=sys.stderr)
+            print(render("cli.no_plot", args.lang, reason=exc), file=sys.stderr)
     return 0
 
 
@@ -177,28 +177,38 @@ def _fmt_flops(flops: int) -> str:
     return f"{flops} FLOP"
 
 
-def _fmt_T(value: float | None) -> str:
-    return "never" if value is None else f"{value:,.0f}"
+def _fmt_T(value: float | None, lang: Lang) -> str:
+    return render("study.never", lang) if value is None else f"{value:,.0f}"
 
 
-def format_report(report: dict[str, Any]) -> str:
-    """The terminal table: per model and T, time and FLOP shares of each part and group.
+def _count(key: str, n: int) -> Message:
+    """``key.one`` or ``key.many``, by ``n``."""
+    return msg(f"{key}.{'one' if n == 1 else 'many'}", n=n)
+
+
+def format_report(report: dict[str, Any], lang: Lang = "en") -> str:
+    """The terminal table in ``lang``: per model and T, time and FLOP shares of each part
+    and group.
 
     Time is measured per module (attention, feed-forward, the rest); the attention call
     is one module, so its split into projections and core (QKᵀ, softmax, ·V) is in FLOPs.
     """
+    lang = check_lang(lang)
     s = report["settings"]
-    threads = f"{s['threads']} BLAS thread{'s' if s['threads'] != 1 else ''}"
-    lines = [f"attnlab profile · batch {s['batch']} · {s['dtype']} · {threads} · "
-             f"median of {s['repeats']} run{'s' if s['repeats'] != 1 else ''} · "
-             f"T = {', '.join(map(str, s['seq_lens']))}"]
-    head = ("      T        " + " ".join(f"{c:>7}" for c, _ in _COLUMNS)
-            + " │ attention   (core) │    FFN    rest │ total")
+    lines = [render("profile.title", lang, batch=s["batch"], dtype=s["dtype"],
+                    threads=_count("study.blas_threads", s["threads"]),
+                    median=_count("study.median_runs", s["repeats"]),
+                    lengths=", ".join(map(str, s["seq_lens"])))]
+    head = ("      T        " + " ".join(f"{c:>7}" for c, _ in _COLUMNS) + " "
+            + render("profile.columns", lang))
+    kinds = {"time": render("study.time", lang), "FLOPs": "FLOPs"}
     for entry in report["models"]:
         sh = entry["shape"]
-        lines += ["", f"{entry['name']} — L={sh['layers']} E={sh['width']} H={sh['heads']} "
+        title = render_value(entry.get("title", entry["name"]), lang)
+        lines += ["", f"{title} — L={sh['layers']} E={sh['width']} H={sh['heads']} "
                   f"D={sh['head_dim']} F={sh['ffn']}"]
-        lines += [f"  note: {note}" for note in entry["notes"]]
+        lines += [render("study.note", lang, text=render_value(note, lang))
+                  for note in entry["notes"]]
         lines.append(head)
         for r in entry["runs"]:
             for kind, key in (("time", "time_share"), ("FLOPs", "flop_share")):
@@ -207,25 +217,25 @@ def format_report(report: dict[str, Any]) -> str:
                 if kind == "time":
                     total = f"{1e3 * r['total_s']:,.1f} ms"
                     if r["forward_s"] is not None:
-                        total += f" (plain forward {1e3 * r['forward_s']:,.1f} ms)"
+                        total += render("profile.plain_forward", lang,
+                                        ms=f"{1e3 * r['forward_s']:,.1f}")
                     first = f"{r['T']:>7}"
                 else:
                     total = _fmt_flops(r["total_flops"])
                     first = " " * 7
-                lines.append(f"{first}  {kind:<5} {cells} │    {_pct(share['attention'])} "
+                word = kinds[kind] + " " * max(5 - display_width(kinds[kind]), 0)
+                lines.append(f"{first}  {word} {cells} │    {_pct(share['attention'])} "
                              f"({_pct_or_dash(share.get('attention_core')):>6}) │ "
                              f"{_pct(share['feed_forward'])}  {_pct(share['rest'])} │ {total}")
         E, H, F = sh["width"], sh["heads"], sh["ffn"]
         c = entry["crossovers"]
         lines += [
-            "  time: the blocks' own modules, timed through hooks (the attention call as one; "
-            "its parts in FLOPs)",
-            f"  FLOPs per layer: attention = (8E²+4E)·T + (4E+6H)·T² = {8 * E * E + 4 * E:,}·T "
-            f"+ {4 * E + 6 * H:,}·T²;  FFN = (4EF+6F+E)·T = {4 * E * F + 6 * F + E:,}·T",
-            f"  attention's T² part (QKᵀ, softmax, ·V) overtakes the FFN at "
-            f"T* = (4EF+6F+E)/(4E+6H) = {_fmt_T(c['core_vs_ffn'])}; "
-            f"with the projections at T = {_fmt_T(c['attention_vs_ffn'])}",
-            f"  attention is 60% of FLOPs from T = {_fmt_T(c['attention_share'])} "
-            f"(with projections), T = {_fmt_T(c['core_share'])} (core alone)",
+            render("profile.time_note", lang),
+            render("profile.flops_note", lang, linear=f"{8 * E * E + 4 * E:,}",
+                   square=f"{4 * E + 6 * H:,}", ffn=f"{4 * E * F + 6 * F + E:,}"),
+            render("profile.crossover_note", lang, core=_fmt_T(c["core_vs_ffn"], lang),
+                   full=_fmt_T(c["attention_vs_ffn"], lang)),
+            render("profile.share_note", lang, full=_fmt_T(c["attention_share"], lang),
+                   core=_fmt_T(c["core_share"], lang)),
         ]
     return "\n".join(lines)

@@ -48,6 +48,7 @@ from ..fast.block_sparse import block_sparse_attention
 from ..fast.performer import orthogonal_random_features, performer_attention
 from ..fast.sparse import sliding_window_attention
 from ..kernel import MAX_SCORE_ELEMENTS
+from ..messages import Message, msg
 from .approx_methods import METHODS
 from .approx_report import summarize
 from .measure import environment, interleaved, limit_threads, peak_traced_bytes, traced_peak
@@ -242,15 +243,15 @@ def capture_minilm_qkv(max_tokens: int = 256) -> tuple[np.ndarray, np.ndarray, n
 
 
 def _measure(calls: dict[str, Callable[[], np.ndarray]], repeats: int,
-             progress: Callable[[str], None], where: str
+             progress: Callable[[Message], None], where: str
              ) -> dict[str, tuple[np.ndarray, float, int]]:
     """name -> (output, median seconds, peak bytes): a warm-up run that gives the output,
     ``repeats`` interleaved timed rounds, then one traced run per call."""
     outputs = {}
     for name, call in calls.items():
-        progress(f"{where}: {name}")
+        progress(msg("approx.progress.call", where=where, name=name))
         outputs[name] = call()
-    progress(f"{where}: timing {len(calls)} calls, {repeats} interleaved rounds")
+    progress(msg("approx.progress.timing", where=where, calls=len(calls), rounds=repeats))
     timings = interleaved(calls, repeats)
     return {name: (outputs[name], timings[name].median, peak_traced_bytes(calls[name]))
             for name in calls}
@@ -263,7 +264,7 @@ def _relative_error(out: np.ndarray, exact: np.ndarray) -> float:
 
 
 def _study_input(inp: StudyInput, config: StudyConfig,
-                 progress: Callable[[str], None]) -> list[dict[str, Any]]:
+                 progress: Callable[[Message], None]) -> list[dict[str, Any]]:
     B, T, D = inp.q.shape
     calls: dict[str, Callable[[], np.ndarray]] = {
         "exact": lambda: scaled_dot_product_attention(inp.q, inp.k, inp.v)}
@@ -292,7 +293,7 @@ def _study_input(inp: StudyInput, config: StudyConfig,
 
 
 def _long_sequence(config: StudyConfig, T: int,
-                   progress: Callable[[str], None]) -> dict[str, Any]:
+                   progress: Callable[[Message], None]) -> dict[str, Any]:
     """Causal methods against dense causal attention at length T (float32).
 
     Dense runs once (its time and its peak memory come from the same traced
@@ -304,7 +305,7 @@ def _long_sequence(config: StudyConfig, T: int,
     amplitude = math.sqrt(TEMPERATURES[0][1])
     q, k = (amplitude * rng.standard_normal((T, D)).astype(np.float32) for _ in range(2))
     v = rng.standard_normal((T, D)).astype(np.float32)
-    progress(f"long T={T}: dense causal attention (a {T}×{T} float32 score matrix, once)")
+    progress(msg("approx.progress.dense", T=T))
     start = time.perf_counter()
     with traced_peak() as traced:
         dense = scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -341,11 +342,12 @@ def _long_sequence(config: StudyConfig, T: int,
 
 
 def run_study(config: StudyConfig | None = None, *,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[Message], None] | None = None) -> dict[str, Any]:
     """Run the study; returns the JSON-ready result (see :data:`SCHEMA`).
 
-    ``progress`` (optional) receives a line before each measurement; the
-    library itself prints nothing. Keys of the result: ``schema``, ``config``,
+    ``progress`` (optional) receives a line before each measurement, as a keyed
+    :class:`~attnlab.messages.Message` (``str()`` is the English, ``.render("zh")``
+    the Chinese); the library itself prints nothing. Keys of the result: ``schema``, ``config``,
     ``environment``, ``inputs`` (per input and T: mean largest weight and
     normalised entropy of exact attention), ``records`` (one per input, T,
     method, knob value; ``method == "exact"`` is the baseline), ``long_sequence``
@@ -364,7 +366,7 @@ def run_study(config: StudyConfig | None = None, *,
                 inputs.append({"input": name, "T": T, "temperature": temperature, **inp.stats})
                 records += _study_input(inp, config, say)
         if config.minilm and config.minilm_lengths:
-            say("minilm: capturing Q, K, V of all-MiniLM-L6-v2")
+            say(msg("approx.progress.minilm"))
             q, k, v, tokens = capture_minilm_qkv(max(config.minilm_lengths))
             for T in config.minilm_lengths:
                 if T > q.shape[-2]:

@@ -17,6 +17,7 @@ from ..fast.block_sparse import block_sparse_attention
 from ..fast.lowrank import linformer_attention, linformer_projection, nystrom_attention
 from ..fast.performer import orthogonal_random_features, performer_attention
 from ..fast.sparse import sliding_window_attention
+from ..messages import render
 
 __all__ = ["METHODS", "METHOD_LABELS", "Method"]
 
@@ -81,11 +82,6 @@ METHODS = (
            _prepare_performer),
 )
 
-METHOD_LABELS = {
-    "sliding_window": "sliding window (symmetric, W keys)",
-    "block_sparse": "block-sparse (BigBird: 3 local, 1 global, 2 random blocks of b)",
-    "linformer": "Linformer (random Gaussian E, F to k rows, untrained)",
-    "linformer_pool": "Linformer with mean pooling to k rows (E = F = segment means)",
-    "nystrom": "Nyström (m segment-mean landmarks, 6-step pseudo-inverse)",
-    "performer": "Performer FAVOR+ (M positive orthogonal random features)",
-}
+#: Method -> what it is, in English (keyed: ``approx.method.<name>`` in
+#: :mod:`attnlab.messages.studies`, which holds the Chinese too).
+METHOD_LABELS = {method.name: render(f"approx.method.{method.name}") for method in METHODS}

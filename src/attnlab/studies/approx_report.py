@@ -15,11 +15,13 @@ from typing import Any
 from ..errors import make_folder
 from ..fast.block_sparse import block_sparse_mask
 from ..fast.sparse import sliding_window_mask
+from ..messages import Listing, Message, msg, render
 from ..report.figures import new_figure, save_figure
+from ..report.fonts import font_context
 from ..report.heatmaps import plot_attention
-from ..report.localize import localize_figure
+from ..report.text import check_lang, display_width
 from ..report.words import Lang
-from .approx_methods import METHOD_LABELS, METHODS
+from .approx_methods import METHODS
 
 __all__ = ["format_table", "save_study", "summarize"]
 
@@ -28,9 +30,16 @@ def _fmt_ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
+def _sentences(says: list[Message], lang: Lang) -> str:
+    """English sentences are separated by a space, Chinese ones follow each other."""
+    return ("" if lang == "zh" else " ").join(m.render(lang) for m in says)
+
+
 def summarize(records: list[dict[str, Any]], inputs: list[dict[str, Any]],
-              long_result: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Per method: where it is worse than exact attention (error, time, memory), in numbers.
+              long_result: dict[str, Any] | None = None, *,
+              lang: Lang = "en") -> dict[str, dict[str, Any]]:
+    """Per method: where it is worse than exact attention (error, time, memory), in numbers;
+    the statement in ``lang``.
 
     Returns {method: {"statement": str, "worst_error": {...}, "worse_than_mean_v":
     [...], "slower": [...], "more_memory": [...], "faster_from_T": {knob value:
@@ -64,59 +73,60 @@ def summarize(records: list[dict[str, Any]], inputs: list[dict[str, Any]],
                           if all(t in winning for t in lengths[i:])), None)
             faster_from[str(value)] = first
 
-        parts = [f"{METHOD_LABELS[method.name]}:"]
-        if method.kind == "sparse":
-            parts.append("exact for its own pattern, but against full attention")
-        parts.append(
-            "relative error " + "; ".join(
-                f"{name} {min(errs):.2g}–{max(errs):.2g}" for name, errs in by_input.items())
-            + f" (worst {worst['rel_error']:.3g}: {worst['input']}, T={worst['T']}, "
-            f"{method.knob}={worst['value']}).")
+        knob = method.knob
+        says = [msg("approx.says.label", label=msg(f"approx.method.{method.name}"))]
+        says.append(msg(
+            "approx.says.error_sparse" if method.kind == "sparse" else "approx.says.error",
+            ranges=Listing([f"{name} {min(errs):.2g}–{max(errs):.2g}"
+                          for name, errs in by_input.items()]),
+            worst=f"{worst['rel_error']:.3g}", input=worst["input"], T=worst["T"], knob=knob,
+            value=worst["value"]))
         if useless:
-            parts.append(
-                f"Worse than ignoring q and k and outputting the mean of V in {len(useless)} "
-                f"of {len(rows)} runs (" + "; ".join(
-                    f"{name}: {sum(r['input'] == name for r in useless)} of "
-                    f"{sum(r['input'] == name for r in rows)}" for name in by_input
-                    if any(r["input"] == name for r in useless)) + ").")
+            says.append(msg(
+                "approx.says.worse_than_mean", count=len(useless), total=len(rows),
+                detail=Listing([msg("approx.says.count_of", input=name,
+                                  count=sum(r["input"] == name for r in useless),
+                                  total=sum(r["input"] == name for r in rows))
+                              for name in by_input
+                              if any(r["input"] == name for r in useless)])))
         if slower:
             slowest = max(slower, key=lambda r: r["time_vs_exact"])
             cases = sorted({(r["T"], r["value"]) for r in slower})
-            parts.append(
-                f"Slower than exact attention in {len(cases)} of "
-                f"{len({(r['T'], r['value']) for r in rows})} (T, {method.knob}) settings on "
-                f"some input, worst {slowest['time_vs_exact']:.3g}× "
-                f"({_fmt_ms(slowest['time_s'])} vs "
-                f"{_fmt_ms(exact[(slowest['input'], slowest['T'])]['time_s'])}: "
-                f"{slowest['input']}, T={slowest['T']}, {method.knob}={slowest['value']}).")
+            says.append(msg(
+                "approx.says.slower", count=len(cases),
+                total=len({(r["T"], r["value"]) for r in rows}), knob=knob,
+                ratio=f"{slowest['time_vs_exact']:.3g}", time=_fmt_ms(slowest["time_s"]),
+                exact_time=_fmt_ms(exact[(slowest["input"], slowest["T"])]["time_s"]),
+                input=slowest["input"], T=slowest["T"], value=slowest["value"]))
         else:
-            parts.append("Never slower than exact attention in these runs.")
+            says.append(msg("approx.says.never_slower"))
         never = [v for v, T in faster_from.items() if T is None]
-        wins = [f"{method.knob}={v} from T={T}" for v, T in faster_from.items() if T is not None]
+        wins = [msg("approx.says.win", knob=knob, value=v, T=T)
+                for v, T in faster_from.items() if T is not None]
         if wins:
-            parts.append("On the Gaussian inputs, faster than exact at every T measured from: "
-                         + ", ".join(wins) + ".")
+            says.append(msg("approx.says.faster_from", wins=Listing(wins, comma=True)))
         if never:
-            parts.append(f"On the Gaussian inputs, not faster at the longest T measured for "
-                         f"{method.knob} = " + ", ".join(never) + ".")
+            says.append(msg("approx.says.never_faster", knob=knob,
+                            values=Listing(never, comma=True)))
         if heavier:
             heaviest = max(heavier, key=lambda r: r["memory_vs_exact"])
-            parts.append(
-                f"More peak memory than exact in {len(heavier)} of {len(rows)} runs, worst "
-                f"{heaviest['memory_vs_exact']:.3g}× ({heaviest['peak_bytes'] / 2**20:.3g} MiB: "
-                f"{heaviest['input']}, T={heaviest['T']}, {method.knob}={heaviest['value']}).")
+            says.append(msg(
+                "approx.says.more_memory", count=len(heavier), total=len(rows),
+                ratio=f"{heaviest['memory_vs_exact']:.3g}",
+                mib=f"{heaviest['peak_bytes'] / 2**20:.3g}", input=heaviest["input"],
+                T=heaviest["T"], knob=knob, value=heaviest["value"]))
         if long_result is not None:
             for row in long_result["methods"]:
                 if row["method"] == method.name:
-                    parts.append(
-                        f"At T={long_result['T']} (causal, {row['knob']}={row['value']}): "
-                        f"{row['speedup_vs_dense']:.3g}× faster than dense "
-                        f"({_fmt_ms(row['time_s'])} vs "
-                        f"{_fmt_ms(long_result['dense']['time_s'])}), "
-                        f"{row['memory_vs_dense']:.2g}× its memory, error "
-                        f"{row['rel_error_vs_dense']:.2g}.")
+                    says.append(msg(
+                        "approx.says.long", T=long_result["T"], knob=row["knob"],
+                        value=row["value"], speedup=f"{row['speedup_vs_dense']:.3g}",
+                        time=_fmt_ms(row["time_s"]),
+                        dense_time=_fmt_ms(long_result["dense"]["time_s"]),
+                        memory=f"{row['memory_vs_dense']:.2g}",
+                        error=f"{row['rel_error_vs_dense']:.2g}"))
         out[method.name] = {
-            "statement": " ".join(parts),
+            "statement": _sentences(says, lang),
             "worst_error": {k: worst[k] for k in ("input", "T", "value", "rel_error")},
             "worse_than_mean_v": [{k: r[k] for k in ("input", "T", "value", "rel_error")}
                                   for r in useless],
@@ -129,46 +139,61 @@ def summarize(records: list[dict[str, Any]], inputs: list[dict[str, Any]],
     return out
 
 
-def format_table(result: dict[str, Any]) -> str:
-    """The records as an aligned text table, then the long-sequence check and the summary."""
-    header = ("input", "T", "method", "knob", "rel.error", "time", "×exact", "peak MiB",
-              "×exact")
+def format_table(result: dict[str, Any], lang: Lang = "en") -> str:
+    """The records as an aligned text table, then the long-sequence check and the summary,
+    in ``lang``."""
+    lang = check_lang(lang)
+    header = (render("approx.col.input", lang), "T", render("approx.col.method", lang),
+              render("approx.col.knob", lang), render("approx.col.error", lang),
+              render("study.time", lang), render("approx.col.vs_exact", lang),
+              render("approx.col.peak", lang), render("approx.col.vs_exact", lang))
     rows = [header]
     for r in result["records"]:
         knob = "" if r["knob"] is None else f"{r['knob']}={r['value']}"
         rows.append((r["input"], str(r["T"]), r["method"], knob, f"{r['rel_error']:.3g}",
                      _fmt_ms(r["time_s"]), f"{r['time_vs_exact']:.2f}",
                      f"{r['peak_bytes'] / 2**20:.3g}", f"{r['memory_vs_exact']:.2f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i < 4 else cell.rjust(w)
+    widths = [max(display_width(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(_pad(cell, w, right=i >= 4)
                        for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
-    lines.append("inputs (exact attention): " + "; ".join(
-        f"{i['input']} T={i['T']}: mean max weight {i['mean_max_weight']:.3g}, "
-        f"entropy/log T {i['normalised_entropy']:.3g}, error of outputting mean(V) "
-        f"{i['mean_v_error']:.3g}" for i in result["inputs"]))
+    lines.append(render("approx.inputs", lang, inputs=Listing([
+        msg("approx.input", input=i["input"], T=i["T"], max_weight=f"{i['mean_max_weight']:.3g}",
+            entropy=f"{i['normalised_entropy']:.3g}", mean_v=f"{i['mean_v_error']:.3g}")
+        for i in result["inputs"]])))
     long_result = result.get("long_sequence")
     if long_result:
         dense = long_result["dense"]
         lines.append("")
-        lines.append(f"long sequence T={long_result['T']} D={long_result['D']} float32, causal: "
-                     f"dense {_fmt_ms(dense['time_s'])}, peak "
-                     f"{dense['peak_bytes'] / 2**20:.4g} MiB")
+        lines.append(render("approx.long", lang, T=long_result["T"], D=long_result["D"],
+                            time=_fmt_ms(dense["time_s"]),
+                            peak=f"{dense['peak_bytes'] / 2**20:.4g}"))
         for row in long_result["methods"]:
-            lines.append(f"  {row['method']} {row['knob']}={row['value']}: "
-                         f"{_fmt_ms(row['time_s'])} ({row['speedup_vs_dense']:.3g}× faster), "
-                         f"peak {row['peak_bytes'] / 2**20:.3g} MiB, "
-                         f"error vs dense {row['rel_error_vs_dense']:.2g}")
+            lines.append(render("approx.long_method", lang, method=row["method"],
+                                knob=row["knob"], value=row["value"],
+                                time=_fmt_ms(row["time_s"]),
+                                speedup=f"{row['speedup_vs_dense']:.3g}",
+                                peak=f"{row['peak_bytes'] / 2**20:.3g}",
+                                error=f"{row['rel_error_vs_dense']:.2g}"))
         target = long_result["target"]
-        lines.append(f"  target W={target['W']} ≥ {target['required_speedup']:g}× faster: "
-                     f"{'met' if target['met'] else 'NOT met'} ({target['speedup']:.3g}×)")
+        lines.append(render("approx.target_met" if target["met"] else "approx.target_missed",
+                            lang, W=target["W"], required=f"{target['required_speedup']:g}",
+                            speedup=f"{target['speedup']:.3g}"))
     lines.append("")
-    lines.append("Where each method is worse than exact attention:")
-    for entry in result["summary"].values():
+    lines.append(render("approx.where_worse", lang))
+    summary = result["summary"] if lang == "en" else summarize(
+        result["records"], result["inputs"], long_result, lang=lang)
+    for entry in summary.values():
         lines.append("- " + entry["statement"])
     return "\n".join(lines)
+
+
+def _pad(text: str, width: int, *, right: bool = False) -> str:
+    """``text`` padded to ``width`` columns of the terminal (a CJK character takes two)."""
+    fill = " " * max(width - display_width(text), 0)
+    return fill + text if right else text + fill
 
 
 # ------------------------------------------------------------------------ saving
@@ -185,7 +210,7 @@ _COLOURS = {"exact": "black", "sliding_window": "tab:blue", "block_sparse": "tab
 _MARKERS = "osD^v<>p*h"
 
 
-def _plot_error_vs_cost(result: dict[str, Any], cost: str, label: str) -> Any:
+def _plot_error_vs_cost(result: dict[str, Any], cost: str, label: str, lang: Lang) -> Any:
     from matplotlib.ticker import NullFormatter
 
     records = [r for r in result["records"] if r["method"] != "exact"]
@@ -205,20 +230,22 @@ def _plot_error_vs_cost(result: dict[str, Any], cost: str, label: str) -> Any:
         floors = [i["mean_v_error"] for i in result["inputs"] if i["input"] == name]
         for floor in floors:
             ax.axhline(floor, color="grey", linestyle=":", linewidth=0.8,
-                       label="output mean(V) (per T)" if floor == floors[0] else None)
+                       label=render("approx.plot.mean_v", lang) if floor == floors[0] else None)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())  # short log ranges: no clutter
         ax.set_title(name)
-        ax.set_xlabel(f"{label} ÷ exact attention's (left of the dashed line = cheaper)")
-        ax.set_ylabel("relative error ‖out − exact‖ / ‖exact‖ (floor 1e-8)")
+        ax.set_xlabel(render("approx.plot.cost", lang, cost=msg(label)))
+        ax.set_ylabel(render("approx.plot.error", lang))
         ax.grid(True, which="major", alpha=0.3)
-    axes[0].legend(fontsize=7, title="marker = T: " + ", ".join(
-        f"{_MARKERS[i % len(_MARKERS)]} {T}" for i, T in enumerate(lengths)), title_fontsize=7)
+    markers = Listing([f"{_MARKERS[i % len(_MARKERS)]} {T}" for i, T in enumerate(lengths)],
+                      comma=True)
+    axes[0].legend(fontsize=7, title=render("approx.plot.markers", lang, markers=markers),
+                   title_fontsize=7)
     return fig
 
 
-def _plot_time_vs_length(result: dict[str, Any]) -> Any:
+def _plot_time_vs_length(result: dict[str, Any], lang: Lang) -> Any:
     from matplotlib.ticker import NullFormatter
 
     names = list(dict.fromkeys(r["input"] for r in result["records"]))
@@ -237,23 +264,24 @@ def _plot_time_vs_length(result: dict[str, Any]) -> Any:
         ax.set_xticks(lengths, [str(t) for t in lengths])
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(name)
-        ax.set_xlabel("T (tokens)")
-        ax.set_ylabel("time (ms, best of repeats)")
+        ax.set_xlabel(render("approx.plot.tokens", lang))
+        ax.set_ylabel(render("approx.plot.time_ms", lang))
         ax.grid(True, which="major", alpha=0.3)
     axes[0].legend(fontsize=6, ncol=2)
     return fig
 
 
-def _plot_patterns() -> Any:
+def _plot_patterns(lang: Lang) -> Any:
     fig, axes = _figure(3, width=4.6, height=4.4)
     patterns = [
-        ("sliding window W=9, causal", sliding_window_mask(64, 9, is_causal=True)),
-        ("sliding window W=9 + global [0]", sliding_window_mask(64, 9, is_causal=False,
-                                                                global_tokens=[0])),
-        ("BigBird b=4 (3 local, 1 global, 2 random)", block_sparse_mask(64, 4)),
+        (render("approx.plot.window_causal", lang, W=9),
+         sliding_window_mask(64, 9, is_causal=True)),
+        (render("approx.plot.window_global", lang, W=9),
+         sliding_window_mask(64, 9, is_causal=False, global_tokens=[0])),
+        (render("approx.plot.bigbird", lang, b=4), block_sparse_mask(64, 4)),
     ]
     for ax, (title, mask) in zip(axes, patterns, strict=True):
-        plot_attention(mask.astype(float), ax=ax, title=title, annotate=False)
+        plot_attention(mask.astype(float), ax=ax, title=title, annotate=False, lang=lang)
     return fig
 
 
@@ -272,14 +300,18 @@ def save_study(result: dict[str, Any], out_dir: str | Path, *, lang: Lang = "en"
     json_path = folder / "approx.json"
     json_path.write_text(json.dumps(_finite(result), indent=2) + "\n", encoding="utf-8")
     written = [json_path]
-    figures = [
-        ("error_vs_time.png", _plot_error_vs_cost(result, "time_vs_exact", "time")),
-        ("error_vs_memory.png", _plot_error_vs_cost(result, "memory_vs_exact", "peak memory")),
-        ("time_vs_length.png", _plot_time_vs_length(result)),
-        ("patterns.png", _plot_patterns()),
-    ]
+    lang = check_lang(lang)
+    with font_context():  # a CJK font for the Chinese words, where one is installed
+        figures = [
+            ("error_vs_time.png",
+             _plot_error_vs_cost(result, "time_vs_exact", "approx.plot.time", lang)),
+            ("error_vs_memory.png",
+             _plot_error_vs_cost(result, "memory_vs_exact", "approx.plot.memory", lang)),
+            ("time_vs_length.png", _plot_time_vs_length(result, lang)),
+            ("patterns.png", _plot_patterns(lang)),
+        ]
     for name, fig in figures:
-        written.append(save_figure(localize_figure(fig, lang), folder / name))
+        written.append(save_figure(fig, folder / name))
     return written
 
 

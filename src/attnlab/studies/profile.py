@@ -41,9 +41,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import AttnlabError, check_positive_int
+from ..messages import Message, msg, render, render_value
 from ..models import BertConfig, BertModel
 from ..nn.layers import EncoderBlock
 from ..report.figures import new_figure
+from ..report.fonts import font_context
+from ..report.text import check_lang
+from ..report.words import Lang
 from .flops import (
     GROUPS,
     PARTS,
@@ -64,7 +68,7 @@ __all__ = [
     "measure", "profile", "plot_shares",
 ]
 
-SCHEMA = "attnlab.studies.profile/2"
+SCHEMA = "attnlab.studies.profile/3"
 
 #: Part -> (group, what it times): the modules of a real block, in the order they run.
 TIME_PARTS: dict[str, tuple[str, str]] = {
@@ -308,17 +312,21 @@ def measure(model: BertModel, T: int, *, repeats: int = 5, batch: int = 1, seed:
 def profile(
     models: Mapping[str, BertModel], seq_lens: Sequence[int], *, repeats: int = 5,
     threads: int = 1, batch: int = 1, seed: int = 0, compare_forward: bool = True,
-    notes: Mapping[str, Sequence[str]] | None = None, curve: Sequence[int] | None = None,
+    notes: Mapping[str, Sequence[str | Message]] | None = None,
+    titles: Mapping[str, Message] | None = None, curve: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Measure every model at every T; the report the CLI prints and writes as JSON.
 
     A model whose position table is shorter than T is extended with
-    :func:`with_max_positions` (and a note says so). Schema (``SCHEMA``)::
+    :func:`with_max_positions` (and a note says so). ``notes`` and ``titles`` (by
+    model name) may be keyed messages: the report keeps them as message dicts
+    (:meth:`~attnlab.messages.Message.as_dict`), so that its text can be rendered in
+    either language (:func:`~attnlab.messages.render_value`). Schema (``SCHEMA``)::
 
         {"schema", "settings": {threads, repeats, batch, dtype, seq_lens, flop_convention},
          "parts": {part: {"group", "description"}}, "groups": {group: [parts]},   (FLOPs)
          "time_parts": {...}, "time_groups": {...},                             (time)
-         "models": [{"name", "shape", "notes", "crossovers", "runs": [measure(...)],
+         "models": [{"name", "title", "shape", "notes", "crossovers", "runs": [measure(...)],
                      "flop_curve": [{"T", part/group: share}, ...]}]}
     """
     seq_lens = [check_positive_int(T, "seq_lens") for T in seq_lens]
@@ -342,18 +350,20 @@ def profile(
     }
     with limit_threads(threads, feature="Profiling with a thread limit"):
         for name, model in models.items():
-            model_notes = list((notes or {}).get(name, ()))
+            model_notes: list[Any] = [note.as_dict() if isinstance(note, Message) else note
+                                      for note in (notes or {}).get(name, ())]
             longest = max(seq_lens)
             P = model.config.max_position_embeddings
             if longest > P:
                 model = with_max_positions(model, longest)
-                model_notes.append(f"position table has {P} rows; for T > {P} it is tiled "
-                                   f"(row p reads row p mod {P}): same cost, not a trained model")
+                model_notes.append(msg("profile.note.tiled", rows=P).as_dict())
             shape = ModelShape.of(model)
             runs = [measure(model, T, repeats=repeats, batch=batch, seed=seed,
                             compare_forward=compare_forward) for T in seq_lens]
+            title = (titles or {}).get(name)
             report["models"].append({
-                "name": name, "shape": shape.as_dict(), "notes": model_notes,
+                "name": name, "title": name if title is None else title.as_dict(),
+                "shape": shape.as_dict(), "notes": model_notes,
                 "crossovers": crossovers(shape), "runs": runs,
                 "flop_curve": share_curve(shape, grid),
             })
@@ -363,39 +373,46 @@ def profile(
 # ---------------------------------------------------------------------- plot
 
 
-def plot_shares(report: Mapping[str, Any]) -> Figure:
-    """Share vs T, one panel per model: FLOP-share curves, measured time shares as dots."""
+def plot_shares(report: Mapping[str, Any], lang: Lang = "en") -> Figure:
+    """Share vs T, one panel per model: FLOP-share curves, measured time shares as dots;
+    the words in ``lang``."""
     models = report["models"]
     if not models:
         raise AttnlabError("report: expected at least one model, got none")
+    lang = check_lang(lang)
+    with font_context():  # a CJK font for the Chinese words, where one is installed
+        return _plot_shares(models, lang)
+
+
+def _plot_shares(models: Sequence[Mapping[str, Any]], lang: Lang) -> Figure:
     fig = new_figure((5.5 * len(models) + 1.5, 5.0), feature="attnlab profile plots")
     axes = fig.subplots(1, len(models), squeeze=False)[0]
-    styles = {"attention": ("C3", "attention (with projections)"),
-              "attention_core": ("C1", "attention core (QKᵀ, softmax, ·V)"),
-              "feed_forward": ("C0", "feed-forward"), "rest": ("C7", "rest")}
+    styles = {"attention": ("C3", msg("profile.plot.attention")),
+              "attention_core": ("C1", msg("profile.plot.core")),
+              "feed_forward": ("C0", msg("profile.plot.ffn")),
+              "rest": ("C7", msg("profile.plot.rest"))}
     for ax, entry in zip(axes, models, strict=True):
         curve = entry["flop_curve"]
         Ts = [point["T"] for point in curve]
         for group, (colour, label) in styles.items():
             first = ax is axes[0]  # one legend entry per line style
             ax.plot(Ts, [point[group] for point in curve], color=colour,
-                    label=f"{label}, FLOPs" if first else None)
+                    label=render("profile.plot.flops", lang, part=label) if first else None)
             if all(group in run["time_share"] for run in entry["runs"]):  # not the core
                 ax.plot([run["T"] for run in entry["runs"]],
                         [run["time_share"][group] for run in entry["runs"]], "o--",
                         color=colour, alpha=0.7, markersize=5,
-                        label=f"{label}, time" if first else None)
+                        label=render("profile.plot.time", lang, part=label) if first else None)
         ax.axhline(0.6, color="k", linestyle=":", linewidth=1)
         crossing = entry["crossovers"]["core_vs_ffn"]
         if crossing is not None:
             ax.axvline(crossing, color="C1", linestyle=":", linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, 1)
-        ax.set_xlabel("sequence length T")
-        ax.set_ylabel("share of the forward pass")
-        ax.set_title(entry["name"], fontsize=10)
+        ax.set_xlabel(render("profile.plot.x", lang))
+        ax.set_ylabel(render("profile.plot.y", lang))
+        ax.set_title(render_value(entry.get("title", entry["name"]), lang), fontsize=10)
         ax.grid(alpha=0.3)
-    fig.suptitle("lines: FLOP share (formula) · dots: measured share of wall time · "
-                 "dotted: 60% and the T where QKᵀ+softmax+·V overtakes the FFN", fontsize=8)
+    fig.suptitle(render("profile.plot.title", lang), fontsize=8)
     fig.legend(loc="outside lower center", ncol=4, fontsize=7)
     return fig

@@ -21,18 +21,31 @@ How to use it
 
 Parameters are values (numbers, names, reprs), which stay as they are in both
 languages, or other :class:`Message` objects (a phrase such as "an int seed >= 0"),
-which are rendered in the same language as the message holding them.
+which are rendered in the same language as the message holding them, or a
+:class:`Listing` of either, joined with that language's separator.
 
 Names stay as they are in Chinese: argument names, Q, K, V, softmax, file names.
+
+The catalog is split by area, each area's keys joining :data:`MESSAGES` here: the
+studies' tables, notes and plots are in :mod:`attnlab.messages.studies`, the
+exercises' verdicts and hints in :mod:`attnlab.messages.exercises`.
+
+A message can travel inside a JSON report as data, ``{"key": ..., "params": {...}}``
+(:meth:`Message.as_dict`), and be rendered later in either language
+(:func:`render_value`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["MESSAGES", "LANGS", "Message", "msg", "render", "render_error"]
+from .exercises import EXERCISE_MESSAGES
+from .studies import STUDY_MESSAGES
+
+__all__ = ["MESSAGES", "LANGS", "Listing", "Message", "msg", "render", "render_error",
+           "render_value"]
 
 LANGS = ("en", "zh")
 Language = Literal["en", "zh"]
@@ -230,154 +243,13 @@ MESSAGES: dict[str, tuple[str, str]] = {
                           "attnlab train 需要 PyTorch，但它没有安装。请用 pip install 'attnlab[torch]' 安装"),
     # ---- models
     "models.max_length": ("{name}: expected an integer in 1..{limit} (max_position_embeddings), got {got}", "{name}：需要 1..{limit} 之间的整数（max_position_embeddings），实际得到 {got}"),
-    # ---- attnlab.exercises: the checker's verdicts and hints (d2l's Chinese terms)
-    "exercise.ok": ("Correct: all {n} checks passed (random inputs and edge cases).",
-                     "正确！通过了全部 {n} 组检查（随机输入和边界情况）。"),
-    "exercise.not_written": ("Not written yet: replace `raise NotImplementedError` with your code, then run this check again.",
-                              "还没有写：把 `raise NotImplementedError` 换成你的代码，再运行这个检查。"),
-    "exercise.not_callable": ("check needs your function itself (e.g. check(\"{name}\", {name})); it received {kind}.",
-                               "check 需要你写的函数本身（例如 check(\"{name}\", {name})），收到的是 {kind}。"),
-    "exercise.crashed": ("Your function failed on \"{case}\": {error}",
-                          "你的函数在「{case}」上出错：{error}"),
-    "exercise.not_array": ("The return value should be a NumPy array; got {kind} (\"{case}\").",
-                            "返回值应是 NumPy 数组，得到的是 {kind}（「{case}」）。"),
-    "exercise.shape": ("Wrong shape (\"{case}\"): expected {expected}, got {got}.",
-                        "形状不对（「{case}」）：期望 {expected}，得到 {got}。"),
-    "exercise.nonfinite": ("The output holds NaN or inf (\"{case}\"): look at the divisions and the exp.",
-                            "输出里有 NaN 或 inf（「{case}」）：检查除法和 exp。"),
-    "exercise.wrong": ("Wrong values (\"{case}\"): up to {diff:.3g} away from attnlab's result.",
-                        "数值不对（「{case}」）：与 attnlab 的结果最大相差 {diff:.3g}。"),
-    "exercise.qkv_not_three": ("Return three arrays (Q, K, V); got {kind}.",
-                                "应返回三个数组 (Q, K, V)，得到的是 {kind}。"),
-    "exercise.qkv_order": ("Q, K and V are in the wrong order: return (X @ Wq, X @ Wk, X @ Wv).",
-                            "Q、K、V 的顺序不对：应返回 (X @ Wq, X @ Wk, X @ Wv)。"),
-    "exercise.qkv_weight_first": ("The product is the wrong way round: each row of X is a token, so write X @ Wq, not Wq @ X.",
-                                   "矩阵乘法的顺序反了：X 的每一行是一个词元，应写 X @ Wq，而不是 Wq @ X。"),
-    "exercise.qkv_transposed_weight": ("The weights are already (E, D): write X @ Wq, without transposing Wq.",
-                                        "权重已经是 (E, D) 形状：直接写 X @ Wq，不要转置 Wq。"),
-    "exercise.no_transpose": ("Did you transpose K? The scores are Q @ K.T, of shape (T, S).",
-                               "把 K 转置了吗？分数是 Q @ K.T，形状 (T, S)。"),
-    "exercise.scores_transposed": ("Rows and columns are swapped: row i holds query i's score for every key; write Q @ K.T, not K @ Q.T.",
-                                    "行和列反了：第 i 行是第 i 个查询对每个键的分数，应写 Q @ K.T，不是 K @ Q.T。"),
-    "exercise.scaled_too_early": ("This step is the dot product Q @ K.T only; dividing by √d_k is the next step.",
-                                   "这一步只求点积 Q @ K.T；除以 √d_k 是下一步的事。"),
-    "exercise.no_scale": ("You did not divide by √d_k: divide the scores by np.sqrt(d_k), d_k being K's last dimension.",
-                           "没有除以 √d_k：分数要除以 np.sqrt(d_k)，d_k 是 K 的最后一维。"),
-    "exercise.scale_by_dk": ("You divided by d_k; divide by √d_k (np.sqrt(d_k)).",
-                              "除以的是 d_k，应除以 √d_k（np.sqrt(d_k)）。"),
-    "exercise.scale_by_length": ("The d_k in √d_k is the width of each key vector (K.shape[-1]), not the number of tokens.",
-                                  "√d_k 里的 d_k 是每个键向量的维度（K.shape[-1]），不是词元个数。"),
-    "exercise.scale_multiplied": ("You multiplied by √d_k; divide by it.",
-                                   "乘以了 √d_k，应除以 √d_k。"),
-    "exercise.sink_ignored": ("Your output is plain attention: the sink must join each row's softmax as one more column (exp(sink − m) in the denominator), which takes weight away from the keys. Dropping the sink's column and renormalising the rest to sum to 1 undoes it the same way.",
-                              "你的输出就是普通的注意力：sink 要作为每行 softmax 的多一列（分母里加上 exp(sink − m)），它会从各个键那里分走一部分权重。去掉 sink 那一列后再把其余权重重新归一化成和为 1，也等于没加 sink。"),
-    "exercise.softmax_axis": ("The rows of weights do not sum to 1: is softmax's axis right? Normalise along the last axis (axis=-1, each row).",
-                               "每行权重之和不是 1：softmax 的 axis 对吗？应沿最后一维（axis=-1，每一行）归一化。"),
-    "exercise.softmax_global_sum": ("You divided by the sum of the whole matrix: normalise each row on its own, np.sum(..., axis=-1, keepdims=True).",
-                                     "除以的是整个矩阵的和：每一行要单独归一化，np.sum(..., axis=-1, keepdims=True)。"),
-    "exercise.softmax_no_keepdims": ("The sum lacks keepdims=True: a (T,) vector of row sums broadcasts across columns, not rows.",
-                                      "求和时少了 keepdims=True：(T,) 的行和会按列广播，而不是按行。"),
-    "exercise.softmax_no_max": ("You did not subtract each row's maximum: large logits (e.g. 1000) overflow np.exp to inf and give NaN. Compute x - x.max(axis=-1, keepdims=True) first.",
-                                 "没有减去每行的最大值：大的 logits（例如 1000）让 np.exp 溢出成 inf，结果是 NaN。先 x - x.max(axis=-1, keepdims=True)。"),
-    "exercise.softmax_global_max": ("You subtracted the maximum of the whole matrix: a row far below it underflows to 0/0. Subtract each row's own maximum (axis=-1, keepdims=True).",
-                                     "减去的是整个矩阵的最大值：数值差得远的行会下溢成 0/0。应减去每一行自己的最大值（axis=-1, keepdims=True）。"),
-    "exercise.returned_weights": ("You returned the attention weights (T, S): the output is their weighted sum of V, weights @ V.",
-                                   "返回的是注意力权重 (T, S)：还要用权重对 V 加权求和，weights @ V。"),
-    "exercise.weights_transposed": ("The weights are transposed: the output is weights @ V, row i using query i's weights.",
-                                     "权重转置了：输出是 weights @ V，第 i 行用第 i 个查询的权重。"),
-    "exercise.output_transposed": ("The output is transposed: it should be (T, Dv), one row per query.",
-                                    "输出转置了：应是 (T, Dv)，每行对应一个查询。"),
-    "exercise.mask_reversed": ("The mask is the wrong way round: True means may attend (attnlab's rule), False is masked out.",
-                                "掩码方向反了：True 表示可以关注（attnlab 的约定），False 才是被掩蔽。"),
-    "exercise.mask_seed000": ("This is seed 000's convention (1 = blocked); attnlab uses booleans, True = may attend: return np.tril(np.ones((T, T), dtype=bool)).",
-                               "这是原文 000 的约定（1 = 屏蔽）；attnlab 用布尔值，True = 可以关注：返回 np.tril(np.ones((T, T), dtype=bool))。"),
-    "exercise.mask_not_bool": ("The values are right, but return a boolean array (dtype=bool), True = may attend.",
-                                "值对了，但应返回布尔数组（dtype=bool），True = 可以关注。"),
-    "exercise.causal_no_diagonal": ("The diagonal must be True too: each token may attend to itself (np.tril with k=0).",
-                                     "对角线也要是 True：每个词元可以关注它自己（np.tril，k=0）。"),
-    "exercise.padding_off_by_one": ("Off by one: position j is a real token when j < valid_len (use <, not <=).",
-                                     "差了一个：位置 j < valid_len 才是真实词元（用 <，不是 <=）。"),
-    "exercise.mask_after_softmax": ("You masked after the softmax: the rows no longer sum to 1. Set the masked scores to -inf before the softmax (np.where(mask, scores, -np.inf)).",
-                                     "在 softmax 之后才掩蔽：每行之和不再是 1。应在 softmax 之前把被掩蔽的分数设为 -inf（np.where(mask, scores, -np.inf)）。"),
-    "exercise.full_row_minus_1e9": ("When a whole row is masked, seed 000's -1e9 cancels once the row maximum is subtracted: silently, the row is as if unmasked (-1e9 added) or the average of all of V (scores replaced by -1e9). attnlab's rule is an output of 0 there: e.g. end with np.where(mask.any(-1, keepdims=True), out, 0).",
-                                     "某一行全部被掩蔽时，原文 000 的 -1e9 写法在减去每行最大值之后被抵消：这一行等于没有掩蔽（加上 -1e9 时）或成了所有 V 的平均（换成 -1e9 时），悄无声息。attnlab 约定这一行输出 0：例如最后 np.where(mask.any(-1, keepdims=True), out, 0)。"),
-    "exercise.full_row_nan": ("When a whole row is masked, its softmax becomes 0/0 (or -inf - (-inf)) and gives NaN. attnlab's rule is an output of 0 there: e.g. end with np.where(mask.any(-1, keepdims=True), out, 0).",
-                               "某一行全部被掩蔽时，这一行的 softmax 成了 0/0（或 -inf - (-inf)），得到 NaN。attnlab 约定这一行输出 0：例如最后 np.where(mask.any(-1, keepdims=True), out, 0)。"),
-    "exercise.split_no_transpose": ("One step missing: after the reshape to (B, T, H, D), swap the T and H axes to get (B, H, T, D).",
-                                     "还差一步：reshape 成 (B, T, H, D) 之后，交换 T 和 H 两维，得到 (B, H, T, D)。"),
-    "exercise.split_reshape_only": ("Reshaping straight to (B, H, T, D) mixes different tokens' features into one head: reshape to (B, T, H, D) first, then transpose(0, 2, 1, 3).",
-                                     "直接 reshape 成 (B, H, T, D) 会把不同词元的特征混进同一个头：先 reshape 成 (B, T, H, D)，再 transpose(0, 2, 1, 3)。"),
-    "exercise.split_interleaved": ("Each head takes D adjacent columns: reshape to (B, T, H, D), not (B, T, D, H).",
-                                    "每个头取的是相邻的 D 列：reshape 成 (B, T, H, D)，不是 (B, T, D, H)。"),
-    "exercise.merge_reshape_only": ("Reshaping directly mixes tokens: transpose(0, 2, 1, 3) back to (B, T, H, D) first, then reshape to (B, T, H*D).",
-                                     "直接 reshape 会把不同词元混在一起：先 transpose(0, 2, 1, 3) 回到 (B, T, H, D)，再 reshape 成 (B, T, H*D)。"),
-    "exercise.mha_scale_width": ("You scaled by √E: each head's d_k is E / H, divide by √(E / H).",
-                                  "缩放用的是 √E：每个头的 d_k = E / H，应除以 √(E / H)。"),
-    "exercise.mha_no_wo": ("The output projection is missing: multiply the concatenated heads by Wo.",
-                            "忘了输出投影：多个头拼接之后还要乘以 Wo。"),
-    "exercise.mha_no_split": ("The heads are not split: this is one attention of width E. Split Q, K and V into H heads of (T, E/H), attend in each, then concatenate.",
-                               "没有拆成多个头：这是一个 E 维的单头注意力。先把 Q、K、V 拆成 H 个 (T, E/H) 的头，各自做注意力，再拼接。"),
-    "exercise.mha_bad_split": ("The head split is wrong: head h is columns h*D to (h+1)*D of Q (reshape to (T, H, D), then transpose).",
-                                "拆头的 reshape 有误：第 h 个头是 Q 的第 h*D 到 (h+1)*D 列（reshape 成 (T, H, D) 再转置）。"),
-    "exercise.pe_swapped": ("sin and cos are swapped: even columns (0, 2, ...) are sin, odd ones cos; row 0 should be [0, 1, 0, 1, ...].",
-                             "sin 和 cos 放反了：偶数列（0, 2, ...）是 sin，奇数列是 cos；第 0 行应是 [0, 1, 0, 1, ...]。"),
-    "exercise.pe_halves": ("sin in the first half and cos in the second is another layout; seed 001 interleaves them: pe[:, 0::2] = sin, pe[:, 1::2] = cos.",
-                            "前一半 sin、后一半 cos 是另一种排法；原文 001 是交错的：pe[:, 0::2] = sin，pe[:, 1::2] = cos。"),
-    "exercise.pe_column_exponent": ("An odd column shares the frequency of the even column before it: the exponent is 2i / d_model with i the pair index (column // 2), not the column.",
-                                     "奇数列要和它前面的偶数列同一个频率：指数是 2i / d_model，i 是第几对（列号整除 2），不是列号本身。"),
-    "exercise.pe_pair_exponent": ("The frequency's exponent is 2i / d_model (i the pair index); you used i / d_model.",
-                                   "频率的指数应是 2i / d_model（i 是第几对），你用的是 i / d_model。"),
-    "exercise.pe_from_one": ("Positions start at 0: row 0 should be [0, 1, 0, 1, ...] (sin 0 = 0, cos 0 = 1).",
-                              "位置从 0 开始：第 0 行应是 [0, 1, 0, 1, ...]（sin 0 = 0，cos 0 = 1）。"),
-    "exercise.ln_unbiased": ("Layer normalisation uses the biased variance (divide by E, np.var's default ddof=0), not n - 1.",
-                              "层规范化用有偏方差（除以 E，np.var 的默认 ddof=0），不是无偏的 n - 1。"),
-    "exercise.ln_axis": ("Layer normalisation works over each token's features: along the last axis (axis=-1, keepdims=True), not across tokens.",
-                          "层规范化是在每个词元的特征上做的：沿最后一维（axis=-1, keepdims=True），不是沿词元。"),
-    "exercise.ln_eps_outside": ("ε goes inside the square root: (x - mean) / np.sqrt(var + eps), not / (std + eps).",
-                                 "ε 要加在方差上：(x - mean) / np.sqrt(var + eps)，不是 / (std + eps)。"),
-    "exercise.ln_no_eps": ("A row whose features are all equal has variance 0: without ε it divides by 0. Write np.sqrt(var + eps), eps = 1e-5.",
-                            "所有特征都相同的行方差为 0：没有 ε 就会除以 0。写 np.sqrt(var + eps)，eps = 1e-5。"),
-    "exercise.block_no_residual": ("The residual connection is missing: add the input x back (x + attention(...)).",
-                                    "忘了残差连接：要把输入 x 加回来（x + attention(...)）。"),
-    "exercise.block_swapped": ("Post-LN and pre-LN are swapped: post is layer_norm(x + attention(x)), pre is x + attention(layer_norm(x)).",
-                                "Post-LN 和 Pre-LN 放反了：post 是 layer_norm(x + attention(x))，pre 是 x + attention(layer_norm(x))。"),
-    "exercise.block_pre_extra_norm": ("Pre-LN does not normalise its output: x + attention(layer_norm(x)) is the result.",
-                                       "Pre-LN 的输出不再做层规范化：x + attention(layer_norm(x)) 就是结果。"),
-    "exercise.online_no_correction": ("After a new maximum, the l and acc summed so far were not rescaled: multiply them by np.exp(m_old - m_new), then add this tile.",
-                                       "换了新的最大值以后，之前累加的 l 和 acc 没有重新缩放：先乘以 np.exp(m_old - m_new)，再加上这一块。"),
-    "exercise.online_no_divide": ("One last step: the output is acc / l.",
-                                   "最后还要除以 l：输出是 acc / l。"),
-    "exercise.online_last_tile": ("The last tile counts even with fewer than block keys: use range(0, S, block) and slices K[start:start + block].",
-                                   "最后一块不满 block 个键时也要算：用 range(0, S, block)，切片 K[start:start + block]。"),
-    "exercise.sb_no_subtract": ("A term is missing: dx = y ⊙ (dy − Σ_j dy_j y_j), subtract np.sum(dy * y, axis=-1, keepdims=True) in each row.",
-                                 "还差一项：dx = y ⊙ (dy − Σ_j dy_j y_j)，每行减去 np.sum(dy * y, axis=-1, keepdims=True)。"),
-    "exercise.sb_diagonal": ("You used only the Jacobian's diagonal y(1 − y): each softmax output depends on the whole row, the off-diagonal terms −y_i y_j count too.",
-                              "只用了雅可比矩阵的对角线 y(1 − y)：softmax 的每个输出依赖整行输入，还有 −y_i y_j 的非对角项。"),
-    "exercise.sb_axis": ("The sum runs the wrong way: Σ_j dy_j y_j is over each row (axis=-1, keepdims=True).",
-                          "求和的方向不对：Σ_j dy_j y_j 是沿每一行（axis=-1, keepdims=True）求和。"),
-    # ---- attnlab.exercises: the input cases, named for the learner
-    "exercise.case.seed": ("seed 000's X", "原文 000 的 X"),
-    "exercise.case.random": ("random inputs", "随机输入"),
-    "exercise.case.square": ("square inputs (T = S = D)", "方阵输入（T = S = D）"),
-    "exercise.case.rect": ("random inputs with T ≠ S ≠ D", "T ≠ S ≠ D 的随机输入"),
-    "exercise.case.one_token": ("a single token", "只有 1 个词元"),
-    "exercise.case.wide": ("random inputs with d_k = 16", "d_k = 16 的随机输入"),
-    "exercise.case.large": ("large logits (about 1000)", "很大的 logits（约 1000）"),
-    "exercise.case.neg_inf": ("scores holding -inf (masked)", "含 -inf（已被掩蔽）的分数"),
-    "exercise.case.far_rows": ("two rows far apart in value", "数值相差很远的两行"),
-    "exercise.case.partial": ("a random mask, partly blocked", "部分被掩蔽的随机掩码"),
-    "exercise.case.causal": ("a causal mask", "因果掩码"),
-    "exercise.case.full_row": ("a row with everything masked", "有一整行全被掩蔽"),
-    "exercise.case.zero_length": ("a sequence of valid length 0", "有效长度为 0 的序列"),
-    "exercise.case.one_head": ("a single head", "只有 1 个头"),
-    "exercise.case.three_heads": ("three heads", "3 个头"),
-    "exercise.case.small_var": ("inputs of tiny variance", "方差很小的输入"),
-    "exercise.case.constant_row": ("a row whose features are all equal", "所有特征相同的一行"),
-    "exercise.case.ragged": ("a last tile with fewer keys", "最后一块不满的键"),
-    "exercise.case.one_block": ("block = 1", "每块 1 个键（block = 1）"),
-    "exercise.case.post": ("norm=\"post\"", "层规范化在残差之后（norm=\"post\"）"),
-    "exercise.case.pre": ("norm=\"pre\"", "层规范化在注意力之前（norm=\"pre\"）"),
 }
+
+
+for _area in (STUDY_MESSAGES, EXERCISE_MESSAGES):
+    if set(_area) & set(MESSAGES):
+        raise KeyError(f"message keys defined twice: {sorted(set(_area) & set(MESSAGES))}")
+    MESSAGES.update(_area)
 
 
 @dataclass(frozen=True)
@@ -393,12 +265,50 @@ class Message:
         if templates is None:
             raise KeyError(f"no message with the key {self.key!r} in attnlab.messages.MESSAGES")
         template = templates[1] if lang == "zh" else templates[0]
-        values = {name: value.render(lang) if isinstance(value, Message) else value
+        values = {name: value.render(lang) if isinstance(value, (Message, Listing)) else value
                   for name, value in self.params.items()}
         return template.format(**values)
 
     def __str__(self) -> str:
         return self.render("en")
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"key": key, "params": {...}}``, nested messages as dicts too: JSON-ready
+        when the parameters are; :func:`render_value` renders it back."""
+        return {"key": self.key,
+                "params": {name: value.as_dict() if isinstance(value, Message) else value
+                           for name, value in self.params.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Message:
+        """The message :meth:`as_dict` wrote (nested ones included)."""
+        params = {name: cls.from_dict(value) if _is_message_dict(value) else value
+                  for name, value in data.get("params", {}).items()}
+        return msg(data["key"], **params)
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A parameter that lists items (text or messages), joined in the language of the
+    message holding it: "; " or "；" (``comma``: ", " or "，")."""
+
+    items: Sequence[Any]
+    comma: bool = False
+
+    def render(self, lang: str = "en") -> str:
+        """The items in ``lang``, joined."""
+        if lang == "zh":
+            sep = "，" if self.comma else "；"
+        else:
+            sep = ", " if self.comma else "; "
+        return sep.join(render_value(item, lang) for item in self.items)
+
+    def __str__(self) -> str:
+        return self.render("en")
+
+
+def _is_message_dict(value: Any) -> bool:
+    return isinstance(value, Mapping) and set(value) <= {"key", "params"} and "key" in value
 
 
 def msg(key: str, **params: Any) -> Message:
@@ -411,6 +321,16 @@ def msg(key: str, **params: Any) -> Message:
 def render(key: str, lang: str = "en", **params: Any) -> str:
     """``msg(key, **params).render(lang)``."""
     return msg(key, **params).render(lang)
+
+
+def render_value(value: Any, lang: str = "en") -> str:
+    """Text in ``lang`` from a :class:`Message`, a message dict (:meth:`Message.as_dict`,
+    e.g. read back from a report) or plain text (returned as it is)."""
+    if isinstance(value, Message):
+        return value.render(lang)
+    if _is_message_dict(value):
+        return Message.from_dict(value).render(lang)
+    return str(value)
 
 
 def render_error(exc: BaseException, lang: str = "en") -> str:
