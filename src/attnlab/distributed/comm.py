@@ -11,14 +11,15 @@ Dimension legend: W world size (ranks in the group).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..errors import AttnlabError, describe
+from ..errors import AttnlabError, check_flag, check_scale, describe
+from .layouts import Layout, check_layout
 
 __all__ = ["CommStats", "DistributedError", "agree", "check_group", "exchange", "ring_peers",
            "shard_problem"]
@@ -120,6 +121,46 @@ def exchange(tensors: Sequence[torch.Tensor], peers: tuple[int, int], group: Any
 def wait_all(requests: Sequence[Any]) -> None:
     for request in requests:
         request.wait()
+
+
+@dataclass(frozen=True)
+class AgreedCall:
+    """A call's options once every rank has checked them and found them equal."""
+
+    rank: int
+    world_size: int
+    layout: Layout
+    is_causal: bool
+    scale: float
+    flags: dict[str, bool]
+
+
+def agree_on_call(q: Any, k: Any, v: Any, key_padding: Any, *, layout: Any, is_causal: Any,
+                  scale: Any, group: Any, flags: Mapping[str, Any] | None = None) -> AgreedCall:
+    """Check this rank's shards and options, then compare them with every other rank's
+    (:func:`agree`): the preamble of every sharded attention function. ``flags``: more
+    boolean options by name, checked alike and returned in ``AgreedCall.flags``."""
+    rank, world_size = check_group(group)
+    problem: str | None = None
+    checked: dict[str, bool] = {}
+    scale_value = 1.0
+    try:
+        layout = check_layout(layout)
+        is_causal = check_flag(is_causal, "is_causal")
+        checked = {name: check_flag(value, name) for name, value in (flags or {}).items()}
+        problem = shard_problem(q, k, v, key_padding)
+        scale_value = check_scale(scale, int(q.shape[-1])) if problem is None else 1.0
+    except AttnlabError as exc:
+        problem = str(exc)
+    summary = {} if problem is not None else {
+        "q shape": tuple(q.shape), "k shape": tuple(k.shape), "v shape": tuple(v.shape),
+        "dtype": str(q.dtype), "key_padding": key_padding is not None, "layout": layout,
+        "is_causal": is_causal, "scale": scale_value, **checked,
+        # a rank that will run the backward waits there for its peers: all or none
+        "requires_grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+    }
+    agree(summary, problem, rank, world_size, group, "q, k, v")
+    return AgreedCall(rank, world_size, layout, is_causal, scale_value, checked)
 
 
 def shard_problem(q: Any, k: Any, v: Any, key_padding: Any) -> str | None:

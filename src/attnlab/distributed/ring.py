@@ -35,18 +35,15 @@ from typing import Any
 
 import torch
 
-from ..errors import AttnlabError, check_flag, check_scale
 from .comm import (
     CommStats,
     DistributedError,
-    agree,
-    check_group,
+    agree_on_call,
     exchange,
     ring_peers,
-    shard_problem,
     wait_all,
 )
-from .layouts import Layout, check_layout, ring_blocks
+from .layouts import Layout, ring_blocks
 from .local import LocalKernel, TorchLocalKernel, accumulate_dtype, merge_partial
 
 __all__ = ["ring_attention"]
@@ -247,23 +244,10 @@ def ring_attention(
     ranks, raise the same :class:`~attnlab.distributed.comm.DistributedError`
     on every rank instead of leaving the others waiting.
     """
-    rank, world_size = check_group(group)
-    try:
-        layout = check_layout(layout)
-        is_causal = check_flag(is_causal, "is_causal")
-        return_lse = check_flag(return_lse, "return_lse")
-        problem = shard_problem(q, k, v, key_padding)
-        scale_value = check_scale(scale, int(q.shape[-1])) if problem is None else 1.0
-    except AttnlabError as exc:
-        problem = str(exc)
-    summary = {} if problem is not None else {
-        "q shape": tuple(q.shape), "k shape": tuple(k.shape), "v shape": tuple(v.shape),
-        "dtype": str(q.dtype), "key_padding": key_padding is not None, "layout": layout,
-        "is_causal": is_causal, "scale": scale_value,
-        # a rank that will run the backward waits there for its peers: all or none
-        "requires_grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
-    }
-    agree(summary, problem, rank, world_size, group, "q, k, v")
+    call = agree_on_call(q, k, v, key_padding, layout=layout, is_causal=is_causal,
+                         scale=scale, group=group, flags={"return_lse": return_lse})
+    rank, world_size, layout, is_causal = call.rank, call.world_size, call.layout, call.is_causal
+    scale_value, return_lse = call.scale, call.flags["return_lse"]
     n = q.shape[-2]
     if layout == "zigzag" and n % 2:
         # Every rank sees the same n (agreed above), so every rank raises this.

@@ -28,11 +28,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import AttnlabError, check_flag, check_scale
 from ..torch.attention import scaled_dot_product_attention
 from ..torch.gqa import repeat_kv
-from .comm import CommStats, DistributedError, agree, check_group, shard_problem
-from .layouts import Layout, check_layout, shard, unshard
+from .comm import CommStats, DistributedError, agree_on_call
+from .layouts import Layout, shard, unshard
 
 __all__ = ["ulysses_attention"]
 
@@ -106,22 +105,10 @@ def ulysses_attention(
     Call it on every rank. Bad or mismatched input raises the same
     :class:`~attnlab.distributed.comm.DistributedError` on every rank.
     """
-    rank, world_size = check_group(group)
-    try:
-        layout = check_layout(layout)
-        is_causal = check_flag(is_causal, "is_causal")
-        problem = shard_problem(q, k, v, key_padding)
-        scale_value = check_scale(scale, int(q.shape[-1])) if problem is None else 1.0
-    except AttnlabError as exc:
-        problem = str(exc)
-    summary = {} if problem is not None else {
-        "q shape": tuple(q.shape), "k shape": tuple(k.shape), "v shape": tuple(v.shape),
-        "dtype": str(q.dtype), "key_padding": key_padding is not None, "layout": layout,
-        "is_causal": is_causal, "scale": scale_value,
-        # a rank that will run the backward waits there for its peers: all or none
-        "requires_grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
-    }
-    agree(summary, problem, rank, world_size, group, "q, k, v")
+    call = agree_on_call(q, k, v, key_padding, layout=layout, is_causal=is_causal,
+                         scale=scale, group=group)
+    world_size, layout, is_causal, scale_value = (call.world_size, call.layout, call.is_causal,
+                                                  call.scale)
     B, H, n, _ = q.shape
     Hkv = k.shape[1]
     for name, heads, what in (("q", H, "H"), ("k", Hkv, "Hkv")):

@@ -3,23 +3,11 @@
 The sliding window (Longformer) is in :mod:`attnlab.fast.sparse`, whose inner
 step (:func:`~attnlab.fast.sparse.attend_subset`) this module shares.
 
-Each function here is *exact for its pattern*: it equals
-:func:`attnlab.scaled_dot_product_attention` with the boolean mask that the
-matching ``*_mask`` helper returns (float64 to ~1e-16; the tests hold 1e-12).
-What it saves is the T × S score matrix: queries are taken a chunk (or a
-block) at a time against only the keys their pattern allows, so time and
-memory grow linearly in T for a fixed window or block budget.
-
-Dimension legend: B batch, H heads, T query length, S key length, D head dim,
-Dv value dim; ``...`` is any number of leading (batch) dims.
-
-Positions follow the library's causal alignment (bottom-right, as in
-FlashAttention): key j sits at position j, query i at position S - T + i. With
-T == S (self-attention) a query's position is its index.
-
-Mask convention: True = may attend. ``key_padding`` (..., S) is True for a
-real key and False for padding; it is combined with the pattern by AND. A
-query with no key left gets output 0, as everywhere in attnlab.
+Exact for its pattern, linear in T for a fixed block budget, with the positions,
+the dimension legend and the mask convention (True = may attend; ``key_padding``
+True for a real key; a query with no key left gets 0) of :mod:`attnlab.fast.sparse`:
+each function equals :func:`attnlab.scaled_dot_product_attention` with the boolean
+mask :func:`block_sparse_mask` returns.
 """
 
 from __future__ import annotations
