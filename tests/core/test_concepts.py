@@ -15,7 +15,8 @@ from attnlab.lens.concepts import (
 )
 
 # float64 throughout; the walks sum in a different order than the fast paths: a few
-# ulps on values of order 1, so 1e-12 is tight enough to catch a wrong rescaling (which errs by order 1) with room for rounding.
+# ulps on values of order 1, so 1e-12 is tight enough to catch a wrong rescaling
+# (which errs by order 1) with room for rounding.
 ATOL = 1e-12
 
 
