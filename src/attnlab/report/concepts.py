@@ -25,7 +25,7 @@ from ..lens.concepts import example_qkv, kv_cache_walk, position_patterns, spars
 from .dataflow import draw_dataflow
 from .figures import new_figure, save_figure
 from .fonts import font_context, warn_if_cjk_unrenderable
-from .heatmaps import declutter_ticks, hatch_blocked
+from .heatmap_parts import declutter_ticks, hatch_blocked
 from .text import check_lang
 from .words import CONCEPT_WORDS, Lang
 

@@ -1,4 +1,4 @@
-"""A small, seeded, deterministic trainer for :mod:`attnlab.tasks` on :class:`Decoder`.
+"""A small, seeded, deterministic trainer for :mod:`attnlab.train.tasks` on :class:`Decoder`.
 
 One seed fixes everything: the initial weights (a torch.Generator), the training
 batches (a NumPy Generator) and the held-out split (the task's own seed). On the
@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from ..errors import AttnlabError, check_positive_int
 from ..lens.heads import DETECTORS, all_head_scores
 from ..messages import msg
-from ..tasks import IGNORE, Task
 from .model import AblationMode, Decoder, ModelConfig
+from .tasks import IGNORE, Task
 
 __all__ = ["TrainConfig", "TrainResult", "Evaluation", "train", "evaluate", "snapshot_steps",
            "ablation_check", "next_output_scores", "INDUCTION_HEAD_SCORE", "TASK_DETECTORS",
@@ -277,7 +277,8 @@ def train(
     """
     config = config or TrainConfig()
     if not isinstance(task, Task):
-        raise AttnlabError(f"task: expected an attnlab.tasks.Task, got {type(task).__name__}")
+        raise AttnlabError(f"task: expected an attnlab.train.tasks.Task, "
+                           f"got {type(task).__name__}")
     if model_config.vocab_size != task.vocab_size or model_config.max_len < task.seq_len:
         raise AttnlabError(
             f"model_config: expected vocab_size = {task.vocab_size} and max_len >= "
