@@ -47,7 +47,6 @@ from .errors import (
     as_float_array,
     check_broadcastable,
     check_flag,
-    check_ndim,
     check_positive_int,
     check_scale,
     shape_str,
@@ -56,7 +55,14 @@ from .gqa import check_gqa_heads, gqa_reduce, repeat_kv
 from .masked_softmax import softmax_with_lse, stable_softmax
 from .masks import band_mask
 from .messages import msg
-from .shapes import Band, attention_band, check_causal_alignment, check_window_pair
+from .shapes import (
+    Band,
+    attention_band,
+    check_attention_shapes,
+    check_causal_alignment,
+    check_score_elements,
+    check_window_pair,
+)
 
 __all__ = [
     "AttentionInputs",
@@ -86,6 +92,9 @@ __all__ = [
 #: (2**31 elements = 8 GiB in float32), instead of swapping the machine to death:
 #: attnlab's one size limit, :data:`attnlab.errors.MAX_ELEMENTS`.
 MAX_SCORE_ELEMENTS = MAX_ELEMENTS
+
+#: What the refusal of a too large score matrix advises.
+PLAIN_PATH_HINT = "attnlab.flash_attention computes this tile by tile in O(T + S) memory"
 
 
 @dataclass(frozen=True)
@@ -156,40 +165,16 @@ def check_inputs(
     q_arr = as_float_array(q, "q")
     k_arr = as_float_array(k, "k")
     v_arr = as_float_array(v, "v")
-    check_ndim(q_arr, "q", 2, "(..., T, D)")
-    check_ndim(k_arr, "k", 2, "(..., S, D)")
-    check_ndim(v_arr, "v", 2, "(..., S, Dv)")
     enable_gqa = check_flag(enable_gqa, "enable_gqa")
     groups = 1
     if enable_gqa:
         groups = check_gqa_heads(q_arr.shape, k_arr.shape, v_arr.shape)
         k_arr, v_arr = repeat_kv(k_arr, groups), repeat_kv(v_arr, groups)  # (..., H, S, ·)
-    T, D = q_arr.shape[-2:]
-    S = k_arr.shape[-2]
-    if k_arr.shape[-1] != D:
-        raise ShapeError(
-            f"k: expected (..., S, {D}) to match q's last dim {D}, got {shape_str(k_arr.shape)}"
-        )
-    if v_arr.shape[-2] != S:
-        raise ShapeError(
-            f"v: expected (..., {S}, Dv) to match k's length S = {S}, got {shape_str(v_arr.shape)}"
-        )
-    try:
-        batch = np.broadcast_shapes(q_arr.shape[:-2], k_arr.shape[:-2], v_arr.shape[:-2])
-    except ValueError:
-        raise ShapeError(
-            "q, k, v: expected leading (batch) dims that broadcast together, got "
-            f"q {shape_str(q_arr.shape)}, k {shape_str(k_arr.shape)}, v {shape_str(v_arr.shape)}"
-        ) from None
+    shapes = check_attention_shapes(q_arr.shape, k_arr.shape, v_arr.shape)
+    batch, T, S, D = shapes.batch, shapes.T, shapes.S, shapes.D
     score_shape = (*batch, T, S)
-    n_scores = int(np.prod(score_shape, dtype=np.int64))
-    if not tiled and n_scores > MAX_SCORE_ELEMENTS:
-        raise AttnlabError(
-            f"q, k: the score matrix {shape_str(score_shape)} would hold {n_scores:,} elements, "
-            f"more than the plain path's limit of {MAX_SCORE_ELEMENTS:,} "
-            "(attnlab.kernel.MAX_SCORE_ELEMENTS); attnlab.flash_attention computes this "
-            "tile by tile in O(T + S) memory"
-        )
+    if not tiled:
+        check_score_elements(score_shape, PLAIN_PATH_HINT, limit=MAX_SCORE_ELEMENTS)
     dtype = np.result_type(q_arr, k_arr, v_arr)
     q_arr, k_arr, v_arr = (a.astype(dtype, copy=False) for a in (q_arr, k_arr, v_arr))
 

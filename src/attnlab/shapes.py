@@ -106,16 +106,18 @@ def check_attention_shapes(q: Shape, k: Shape, v: Shape) -> AttentionShapes:
     return AttentionShapes(batch, T, S, D, Dv)
 
 
-def check_score_elements(score_shape: Shape, hint: str) -> None:
-    """Refuse a score matrix of more than :data:`attnlab.errors.MAX_ELEMENTS` elements
-    before it is built; ``hint`` says what to do instead."""
+def check_score_elements(score_shape: Shape, hint: str, *, limit: int | None = None) -> None:
+    """Refuse a score matrix of more than ``limit`` (default
+    :data:`attnlab.errors.MAX_ELEMENTS`) elements before it is built; ``hint`` says what
+    to do instead."""
+    limit = MAX_ELEMENTS if limit is None else limit
     n_scores = 1
     for size in score_shape:
         n_scores *= int(size)
-    if n_scores > MAX_ELEMENTS:
+    if n_scores > limit:
         raise AttnlabError(
             f"q, k: the score matrix {shape_str(score_shape)} would hold {n_scores:,} elements, "
-            f"more than the plain path's limit of {MAX_ELEMENTS:,} "
+            f"more than the plain path's limit of {limit:,} "
             f"(attnlab.errors.MAX_ELEMENTS); {hint}"
         )
 

@@ -27,7 +27,6 @@ LAYERS: list[tuple[str, list[str]]] = [
               "attnlab.positional_relative", "attnlab.trace", "attnlab.hooks", "attnlab.gqa",
               "attnlab.masked_softmax", "attnlab.kernel", "attnlab.attention", "attnlab.backward"]),
     ("fast paths", ["attnlab.fast"]),
-    ("tasks", ["attnlab.tasks"]),
     ("modules", ["attnlab.nn"]),
     ("models", ["attnlab.models", "attnlab.torch", "attnlab.triton"]),
     ("distributed", ["attnlab.distributed"]),

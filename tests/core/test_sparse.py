@@ -199,6 +199,14 @@ def test_sliding_window_validation():
         sliding_window_attention(q, k[..., :4], v, 3, is_causal=True)
     with pytest.raises(TypeError):
         sliding_window_attention(q, k, v, 3)  # causal must be chosen
+    for call in (lambda: sliding_window_attention(q, k, v, None, is_causal=True),
+                 lambda: sliding_window_mask(6, None, is_causal=True)):
+        with pytest.raises(AttnlabError, match=r"window: expected an int W or a pair "
+                                               r"\(left, right\) .*, got None"):
+            call()
+    for positions in ([6], [1, 1]):  # the positions' check is the torch twin's
+        with pytest.raises(AttnlabError, match="global_tokens: expected (positions in|distinct)"):
+            sliding_window_mask(6, 3, is_causal=True, global_tokens=positions)
 
 
 # ------------------------------------------------------------------- block sparse

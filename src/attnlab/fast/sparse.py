@@ -37,7 +37,8 @@ from ..errors import (
     shape_str,
 )
 from ..kernel import attend, check_inputs, check_key_padding
-from ..shapes import check_causal_alignment, check_window_pair
+from ..messages import msg
+from ..shapes import check_causal_alignment, check_positions, check_window_pair
 
 __all__ = [
     "sliding_window_mask",
@@ -50,26 +51,23 @@ __all__ = [
 
 
 def _check_positions(positions: Any, name: str, S: int) -> np.ndarray:
-    """A 1-D list of distinct key positions in [0, S), returned sorted."""
+    """A 1-D list of distinct key positions in [0, S), returned sorted: the array's own
+    check here, the positions' in :func:`attnlab.shapes.check_positions` (the torch twin's)."""
     arr = as_array(positions, name)
     if arr.ndim != 1 or not (arr.size == 0 or np.issubdtype(arr.dtype, np.integer)):
         raise AttnlabError(
             f"{name}: expected a 1-D list of integer key positions, got "
             f"{arr.dtype} {shape_str(arr.shape)}"
         )
-    arr = arr.astype(np.int64)
-    if arr.size and (arr.min() < 0 or arr.max() >= S):
-        raise AttnlabError(f"{name}: expected positions in [0, {S}), got {arr.tolist()}")
-    if len(np.unique(arr)) != len(arr):
-        raise AttnlabError(f"{name}: expected distinct positions, got {arr.tolist()}")
-    return np.sort(arr)
+    return np.array(check_positions(arr.tolist(), name, S), dtype=np.int64)  # (n,) sorted
 
 
 def _check_window(window: Any, is_causal: bool, far: int) -> tuple[int, int]:
     """``window`` (an int W or FlashAttention's (left, right)) as key counts before and
     after the query; unbounded sides become ``far`` = T + S (no key lies further)."""
     pair = check_window_pair(window, is_causal)
-    assert pair is not None  # window is required here
+    if pair is None:
+        raise AttnlabError(msg("sparse.window_required"))
     left, right = pair
     return (far if left is None else left), (far if right is None else right)
 

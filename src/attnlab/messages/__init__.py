@@ -100,6 +100,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     # ---- edges of the kernels, caches, merges and ring (each argument named)
     "kernel.alibi_range": ("alibi_slopes: expected |slope|·(T + S) below {limit} (a quarter of {dtype}'s largest value) so that the bias -slope·|i' - j| stays finite, got max|slope| = {slope} with T + S = {length}",
                            "alibi_slopes：需要 |slope|·(T + S) 小于 {limit}（{dtype} 最大值的四分之一），使偏置 -slope·|i' - j| 保持有限，实际 max|slope| = {slope}，T + S = {length}"),
+    "sparse.window_required": ("window: expected an int W or a pair (left, right) (a sliding window needs one), got None",
+                               "window：需要整数 W 或一对 (left, right)（滑动窗口必须给出窗口），实际得到 None"),
     "flash.merge_unweighable": ("lse1, lse2: expected log-sum-exps that can weigh the two parts, got {lse1} and {lse2} at row {row}: a finite fill this large over a whole row leaves each part's key count below float64's rounding of its lse; mask those keys with a boolean mask (an empty part has lse -inf and merges exactly) or use a fill of magnitude at most 1e6",
                                 "lse1, lse2：需要能为两部分定权重的 log-sum-exp，实际在第 {row} 行得到 {lse1} 和 {lse2}：整行都是这么大的有限填充值时，每部分键的个数已小于 float64 对其 lse 的舍入；请用布尔掩码屏蔽这些键（没有键的部分 lse 为 -inf，可以精确合并），或使用绝对值不超过 1e6 的填充值"),
     "paged.block_id": ("blocks: expected block ids in 0..{last} (this pool's), got {got}", "blocks：需要 0..{last} 之间的块编号（本池的），实际得到 {got}"),

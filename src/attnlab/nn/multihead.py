@@ -48,6 +48,7 @@ from ..kernel import (
 )
 from ..masked_softmax import stable_softmax
 from ..positional_relative import RotaryEmbedding, alibi_bias
+from ..shapes import check_key_padding_shape, check_module_inputs
 from ..trace import Recorder
 
 __all__ = ["MultiHeadAttention", "linear", "split_heads", "merge_heads"]
@@ -286,28 +287,11 @@ class MultiHeadAttention:
         """
         x_arr = as_float_array(x, "x")
         ctx = x_arr if context is None else as_float_array(context, "context")
-        if x_arr.ndim not in (2, 3):
-            raise ShapeError(f"x: expected (B, T, E) or (T, E), got {shape_str(x_arr.shape)}")
-        if x_arr.shape[-1] != self.Wq.shape[0]:
-            raise ShapeError(
-                f"x: expected (B, T, {self.Wq.shape[0]}) to match Wq, got {shape_str(x_arr.shape)}"
-            )
-        if ctx.ndim != x_arr.ndim or ctx.shape[-1] != self.Wk.shape[0] or (
-            ctx.ndim == 3 and ctx.shape[0] != x_arr.shape[0]
-        ):
-            lead = f"{x_arr.shape[0]}, " if x_arr.ndim == 3 else ""
-            raise ShapeError(
-                f"context: expected ({lead}S, {self.Wk.shape[0]}) to match x and Wk, "
-                f"got {shape_str(ctx.shape)}"
-            )
+        lead, _, S = check_module_inputs(x_arr.shape, ctx.shape, ctx.shape, self.Wq.shape[0],
+                                         self.Wk.shape[0], ("x", "context", "context"))
         if key_padding is not None:
             kp = as_array(key_padding, "key_padding")
-            expected = (*ctx.shape[:-2], ctx.shape[-2])
-            if kp.dtype != np.bool_ or kp.shape != expected:
-                raise ShapeError(
-                    f"key_padding: expected bool {shape_str(expected)} (True = real token), "
-                    f"got {kp.dtype} {shape_str(kp.shape)}"
-                )
+            check_key_padding_shape(kp.shape, str(kp.dtype), kp.dtype == np.bool_, (*lead, S))
             kp = kp[..., None, None, :]  # (B, 1, 1, S)
             if mask is not None:
                 # Validate before `&`, which would raise a bare TypeError/ValueError.
