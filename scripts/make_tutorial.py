@@ -785,7 +785,7 @@ lesson(
        "the prompt: **where the digit it emits next sits in the prompt**. That is this lesson's "
        "detector, \"attends to the next output\"."),
     code("import torch\n"
-         "from attnlab.tasks import IGNORE, make_task\n"
+         "from attnlab.train.tasks import IGNORE, make_task\n"
          "from attnlab.train import ModelConfig, TrainConfig, next_output_scores, train\n"
          "torch.set_num_threads(1)                      # 单线程：同一个种子，每次的数字完全一样\n"
          "task = make_task(\"sort\", length=4, digits=5, heldout=200)\n"
@@ -794,7 +794,7 @@ lesson(
          "print(\"目标:\", targets[0].tolist())           # -1 (IGNORE) 表示这个位置不计损失\n"
          "print(\"提示长度:\", task.answer_start + 1)",
          "import torch\n"
-         "from attnlab.tasks import IGNORE, make_task\n"
+         "from attnlab.train.tasks import IGNORE, make_task\n"
          "from attnlab.train import ModelConfig, TrainConfig, next_output_scores, train\n"
          "torch.set_num_threads(1)                      # one thread: the same seed gives the same numbers\n"
          "task = make_task(\"sort\", length=4, digits=5, heldout=200)\n"

@@ -608,3 +608,30 @@ def test_inspect_model_page_of_a_decoder_in_the_browser(open_page: Callable,
         np.testing.assert_allclose(row - row[0], np.log(expected) - np.log(expected[0]),
                                    atol=1e-4)
     assert viewer.errors == []
+
+
+def test_a_previous_token_head_is_not_badged_over_sparse(open_page: Callable) -> None:
+    """The badges word the flags as the text table does: a previous-token head's one-hot
+    rows are expected ("one-hot by position"), a one-hot head on the first token is
+    over-sparse."""
+    from attnlab.report.words import FLAG_TEXT
+
+    T = len(TOKENS)
+    weights = np.zeros((1, 2, T, T))  # (L, H, T, T)
+    for t in range(T):
+        weights[0, 0, t, max(t - 1, 0)] = 1.0  # previous token
+    weights[0, 1, :, 0] = 1.0  # always the first token
+    viewer = open_page(AttentionView(weights, TOKENS))
+    page = viewer.page
+    page.wait_for_selector("#attnlab-view[data-ready='1']")
+
+    def badges() -> dict[str, str]:
+        return dict(page.eval_on_selector_all(
+            "#head-flags .flag", "spans => spans.map(s => [s.dataset.flag, s.textContent])"))
+
+    shown = badges()
+    assert "over_sparse" not in shown and "previous_token" in shown
+    assert shown["over_sparse_positional"] == FLAG_TEXT["over_sparse_positional"]["en"]
+    page.select_option("#head-select", "1")
+    assert badges()["over_sparse"] == FLAG_TEXT["over_sparse"]["en"]
+    assert viewer.errors == []

@@ -28,7 +28,6 @@ LAYERS: list[tuple[str, list[str]]] = [
               "attnlab.masked_softmax", "attnlab.kernel_options", "attnlab.kernel",
               "attnlab.attention", "attnlab.backward"]),
     ("fast paths", ["attnlab.fast"]),
-    ("tasks", ["attnlab.tasks"]),
     ("modules", ["attnlab.nn"]),
     ("models", ["attnlab.models", "attnlab.torch", "attnlab.triton"]),
     ("distributed", ["attnlab.distributed"]),

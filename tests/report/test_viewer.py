@@ -168,7 +168,9 @@ def test_weights_and_diagnostics_are_embedded() -> None:
     np.testing.assert_allclose(decode_weights(data["weights"], (2, 3, 8, 8)),
                                unpack(data["weights"], (2, 3, 8, 8)), rtol=0, atol=0)
     expected = diagnose(weights, TOKENS).to_dict()
-    assert data["diagnostics"]["heads"] == expected["heads"]
+    # each head's record as it is, plus the badges as the text table words them
+    assert [{k: v for k, v in record.items() if k != "shown_flags"}
+            for record in data["diagnostics"]["heads"]] == expected["heads"]
     assert data["diagnostics"]["layers"] == expected["layers"]
 
 
@@ -407,3 +409,32 @@ def test_new_interface_words_exist_in_both_languages_and_the_notes_cite_their_so
     page = render_html(causal_weights(), TOKENS, allowed=np.tril(np.ones((8, 8), bool)),
                        lang="zh")
     assert "神经元视图" in page and "保存 PNG" in page
+
+
+def _previous_token_weights(T: int = 8) -> np.ndarray:
+    """(1, 2, T, T): head 0 one-hot on the previous token (row 0 on itself), head 1 one-hot
+    on the first token (over-sparse, and no positional pattern)."""
+    weights = np.zeros((1, 2, T, T))
+    for t in range(T):
+        weights[0, 0, t, max(t - 1, 0)] = 1.0
+    weights[0, 1, :, 0] = 1.0
+    return weights
+
+
+def test_badges_word_a_positional_head_as_the_text_table_does() -> None:
+    """A previous-token head is one-hot by design: the page's badges, like the text table,
+    say so instead of "over-sparse"; a one-hot head with no positional pattern stays
+    over-sparse."""
+    from attnlab.report.text import diagnostics_table
+
+    weights = _previous_token_weights()
+    diagnostics = diagnose(weights, TOKENS)
+    positional, plain = diagnostics.heads
+    assert "over_sparse" in positional.flags and "previous_token" in positional.flags
+    heads = embedded_json(render_html(weights, TOKENS))["diagnostics"]["heads"]
+    assert heads[0]["shown_flags"] == [
+        "over_sparse_positional" if f == "over_sparse" else f for f in positional.flags]
+    assert "over_sparse" in heads[1]["shown_flags"]
+    assert heads[0]["flags"] == positional.flags  # the data keeps the raw flags too
+    table = diagnostics_table(diagnostics)
+    assert "one-hot by position" in table.splitlines()[2]

@@ -8,8 +8,8 @@ import pytest
 
 from attnlab.cli.train import _summary
 from attnlab.errors import AttnlabError
-from attnlab.tasks import IGNORE, make_task
 from attnlab.train import ModelConfig, TrainConfig, next_output_scores, train
+from attnlab.train.tasks import IGNORE, make_task
 
 # One sort example, length 4: prompt 3 1 2 1, answer 1 1 2 3. The model reads
 # seq[:-1] and predicts seq[1:]; the answer is scored from position 3 on.

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.errors import AttnlabError
-from attnlab.tasks import make_task
 from attnlab.train import Decoder, ModelConfig, TrainConfig, evaluate, snapshot_steps, train
+from attnlab.train.tasks import make_task
 
 TINY = {"d_model": 16, "num_heads": 2, "num_layers": 2}
 

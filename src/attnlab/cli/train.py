@@ -133,8 +133,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..report import save_figure
     from ..report.training import plot_training, training_html
-    from ..tasks import make_task
     from ..train import ModelConfig, TrainConfig, ablation_check, defaults_for, train
+    from ..train.tasks import make_task
 
     zh = args.lang == "zh"
     chosen = defaults_for(args.task)

@@ -35,8 +35,8 @@ from .words import (
 )
 
 __all__ = ["MAX_PRECISION", "check_lang", "check_precision", "diagnostics_table",
-           "display_width", "note_lines", "step_note", "step_title", "to_json", "to_markdown",
-           "to_text", "trace_dict", "trace_tokens"]
+           "display_width", "note_lines", "shown_flags", "step_note", "step_title", "to_json",
+           "to_markdown", "to_text", "trace_dict", "trace_tokens"]
 
 #: Decimals printed at most: float64 holds about 17 significant digits.
 MAX_PRECISION = 17
@@ -326,10 +326,11 @@ def _md_escape(text: str) -> str:
 _POSITIONAL = ("previous_token", "next_token", "self")
 
 
-def _shown_flags(flags: list[str]) -> list[str]:
+def shown_flags(flags: list[str]) -> list[str]:
     """The flags as a reader should see them: a one-hot head that attends to a fixed
     position (previous-token, next-token, self) is one-hot by design, and the
-    over-sparse rule misfires on it; say that instead of "over-sparse"."""
+    over-sparse rule misfires on it; say that instead of "over-sparse". The text table
+    and the viewer's badges both show these."""
     if "over_sparse" in flags and any(f in _POSITIONAL for f in flags):
         return ["over_sparse_positional" if f == "over_sparse" else f for f in flags]
     return flags
@@ -344,7 +345,7 @@ def diagnostics_table(diagnostics: Diagnostics, lang: Lang = "en", *, precision:
     rows = [[str(h.layer + 1), str(h.head + 1),
              *(_cell(x, precision) for x in (h.entropy, h.max_weight, h.special_share,
                                              h.previous_token, h.next_token, h.self_token)),
-             LIST_SEP[lang].join(FLAG_TEXT[f][lang] for f in _shown_flags(h.flags)) or "-"]
+             LIST_SEP[lang].join(FLAG_TEXT[f][lang] for f in shown_flags(h.flags)) or "-"]
             for h in diagnostics.heads]
     out = _table(HEAD_COLUMNS[lang], rows, left={8})
     layer_rows = []

@@ -80,7 +80,7 @@ from ..errors import (
 from ..lens.diagnostics import Diagnostics, diagnose
 from ..lens.weight_checks import check_weights
 from .page import csp_hash, script_json
-from .text import check_lang
+from .text import check_lang, shown_flags
 from .viewer_data import viewer_extras
 from .words import VIEWER_WORDS, Lang
 
@@ -205,7 +205,7 @@ def render_html(
         "weights": encode_weights(w),
         **extras,
         **decoder_fields,
-        "diagnostics": {**diagnostics.to_dict(), "tokens": None, "key_tokens": None},
+        "diagnostics": _diagnostics_data(diagnostics),
         "words": words,
         "row_px": _ROW_PX,
     }
@@ -345,6 +345,16 @@ def decode_weights(encoded: dict[str, Any], shape: Sequence[int]) -> np.ndarray:
     dtype = "<u2" if encoded["bits"] == 16 else "u1"
     codes = np.frombuffer(blob, dtype=dtype, offset=4 * rows).reshape(L, H, T, S)
     return codes / ((1 << encoded["bits"]) - 1) * row_max.astype(np.float64)
+
+
+def _diagnostics_data(diagnostics: Diagnostics) -> dict[str, Any]:
+    """The diagnostics as the page reads them: each head's badges are its flags as the
+    text table shows them (:func:`~attnlab.report.text.shown_flags`: a positional head's
+    one-hot rows are not called over-sparse); the tokens are the page's own."""
+    found = {**diagnostics.to_dict(), "tokens": None, "key_tokens": None}
+    found["heads"] = [{**record, "shown_flags": shown_flags(record["flags"])}
+                      for record in found["heads"]]
+    return found
 
 
 def _numbers(given: Sequence[int] | None, name: str, size: int) -> list[int]:

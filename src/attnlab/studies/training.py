@@ -58,8 +58,8 @@ def plan(study: str) -> list[dict[str, Any]]:
 
 
 def _one(study: str, setting: dict[str, Any], seed: int) -> dict[str, Any]:
-    from ..tasks import make_task
     from ..train import ModelConfig, TrainConfig, train
+    from ..train.tasks import make_task
 
     if study == "scaling":
         task = make_task("sort", seed=seed, heldout=1000)

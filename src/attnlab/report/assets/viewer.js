@@ -577,12 +577,14 @@
     box.appendChild(el("h3", "", words.flags));
     var flags = el("div", "flags");
     flags.id = "head-flags";
-    record.flags.forEach(function (name) {
+    /* shown_flags: as the text table words them (a previous-token head is one-hot by
+       design, not "over-sparse"); see attnlab.report.text.shown_flags. */
+    record.shown_flags.forEach(function (name) {
       var badge = el("span", "flag", words.flag_text[name] || name);
       badge.dataset.flag = name;
       flags.appendChild(badge);
     });
-    if (!record.flags.length) { flags.appendChild(el("span", "flag none", words.no_flags)); }
+    if (!record.shown_flags.length) { flags.appendChild(el("span", "flag none", words.no_flags)); }
     box.appendChild(flags);
 
     box.appendChild(el("h3", "", words.this_layer));
