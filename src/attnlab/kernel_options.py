@@ -26,17 +26,15 @@ import numpy as np
 
 from .errors import (
     AttnlabError,
-    ShapeError,
     as_bool_mask,
     as_float_array,
     check_broadcastable,
     check_flag,
     check_positive_int,
-    shape_str,
 )
 from .masks import band_mask
 from .messages import msg
-from .shapes import Band
+from .shapes import Band, check_alibi_slopes_shape, check_sinks_shape
 
 __all__ = [
     "abs_max",
@@ -80,9 +78,7 @@ def check_alibi_slopes(
     if slopes is None:
         return None
     arr = as_float_array(slopes, "alibi_slopes")
-    if arr.ndim not in (1, 2):
-        raise ShapeError(f"alibi_slopes: expected (H,) or (B, H), got {shape_str(arr.shape)}")
-    check_broadcastable(arr.shape, batch, "alibi_slopes", "the batch dims (..., H)")
+    check_alibi_slopes_shape(arr.shape, batch)
     check_alibi_range(abs_max(arr), T, S, dtype)
     return arr.astype(dtype, copy=False)[..., None, None]  # (..., H, 1, 1)
 
@@ -129,12 +125,7 @@ def check_sinks(sinks: Any, batch: tuple[int, ...], dtype: Any) -> np.ndarray | 
     if sinks is None:
         return None
     arr = as_float_array(sinks, "sinks")
-    if arr.ndim != 1:
-        raise ShapeError(f"sinks: expected one logit per head (H,), got {shape_str(arr.shape)}")
-    if not batch or batch[-1] != arr.shape[0]:
-        raise ShapeError(
-            f"sinks: expected one logit per head of q (..., H, T, D), (H,) = "
-            f"{shape_str(batch[-1:] or (1,))}, got {shape_str(arr.shape)}")
+    check_sinks_shape(arr.shape, batch)
     return arr.astype(dtype, copy=False)[:, None, None]  # (H, 1, 1)
 
 

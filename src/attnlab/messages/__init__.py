@@ -98,6 +98,12 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "kernel.advice": ("scale q and k down", "请把 q 和 k 缩小"),
     "kernel.advice_float64": ("scale q and k down, or compute in float64", "请把 q 和 k 缩小，或改用 float64 计算"),
     # ---- edges of the kernels, caches, merges and ring (each argument named)
+    "kernel.alibi_ndim": ("alibi_slopes: expected (H,) or (B, H), got {shape}",
+                          "alibi_slopes：需要 (H,) 或 (B, H)，实际形状为 {shape}"),
+    "kernel.sinks_ndim": ("sinks: expected one logit per head (H,), got {shape}",
+                          "sinks：需要每个头一个 logit (H,)，实际形状为 {shape}"),
+    "kernel.sinks_heads": ("sinks: expected one logit per head of q (..., H, T, D), (H,) = {heads}, got {shape}",
+                           "sinks：需要 q (..., H, T, D) 的每个头一个 logit，(H,) = {heads}，实际形状为 {shape}"),
     "kernel.alibi_range": ("alibi_slopes: expected |slope|·(T + S) below {limit} (a quarter of {dtype}'s largest value) so that the bias -slope·|i' - j| stays finite, got max|slope| = {slope} with T + S = {length}",
                            "alibi_slopes：需要 |slope|·(T + S) 小于 {limit}（{dtype} 最大值的四分之一），使偏置 -slope·|i' - j| 保持有限，实际 max|slope| = {slope}，T + S = {length}"),
     "sparse.window_required": ("window: expected an int W or a pair (left, right) (a sliding window needs one), got None",
