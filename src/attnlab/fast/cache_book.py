@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
 
 from ..errors import AttnlabError, check_alloc, check_flag, check_positive_int, check_scale
-from ..kernel import check_softcap
+from ..kernel_options import check_softcap
 from ..shapes import (
     check_cache_query_shape,
     check_cache_room,

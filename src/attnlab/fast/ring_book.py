@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from ..errors import check_positive_int
-from ..kernel import check_softcap
+from ..kernel_options import check_softcap
 from ..shapes import held_positions, ring_segments
 from .cache_book import CacheBook
 
