@@ -28,6 +28,7 @@ __all__ = [
     "as_float_array",
     "as_bool_mask",
     "check_ndim",
+    "as_vector",
     "check_broadcastable",
     "check_positive_int",
     "describe",
@@ -153,6 +154,16 @@ def check_ndim(arr: np.ndarray, name: str, min_ndim: int, layout: str) -> None:
     """Require at least ``min_ndim`` dimensions; ``layout`` is the expected shape in words."""
     if arr.ndim < min_ndim:
         raise ShapeError(msg("check.ndim", name=name, layout=layout, shape=shape_str(arr.shape)))
+
+
+def as_vector(value: Any, name: str, size: int) -> np.ndarray:
+    """``value`` as a float vector of exactly ``size`` elements (a bias, LayerNorm's gamma),
+    or raise naming ``name``, the expected and the received shape."""
+    arr = as_float_array(value, name)
+    if arr.shape != (size,):
+        raise ShapeError(msg("check.ndim", name=name, layout=f"({size},)",
+                             shape=shape_str(arr.shape)))
+    return arr
 
 
 def check_positive_int(value: Any, name: str, *, allow_zero: bool = False) -> int:

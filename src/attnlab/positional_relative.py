@@ -39,6 +39,7 @@ __all__ = [
     "rope_angles",
     "apply_rope",
     "RotaryEmbedding",
+    "check_rope_head_dim",
     "alibi_slopes",
     "alibi_bias",
 ]
@@ -47,7 +48,8 @@ __all__ = [
 # --------------------------------------------------------------------------- RoPE
 
 
-def _check_head_dim(head_dim: Any) -> int:
+def check_rope_head_dim(head_dim: Any) -> int:
+    """``head_dim`` as an even int > 0 (RoPE turns pairs of features), or an error."""
     head_dim = check_positive_int(head_dim, "head_dim")
     if head_dim % 2:
         raise AttnlabError(
@@ -101,7 +103,7 @@ def rope_angles(
     >>> cos[0].tolist()
     [1.0, 1.0, 1.0, 1.0]
     """
-    head_dim = _check_head_dim(head_dim)
+    head_dim = check_rope_head_dim(head_dim)
     base = check_base(base)
     interleaved = check_flag(interleaved, "interleaved")
     pos = _as_positions(positions, None).astype(np.float64)  # (T,)
@@ -186,7 +188,7 @@ class RotaryEmbedding:
     def __init__(
         self, head_dim: int, base: float = 10000.0, interleaved: bool = False
     ) -> None:
-        self.head_dim = _check_head_dim(head_dim)
+        self.head_dim = check_rope_head_dim(head_dim)
         self.base = check_base(base)
         self.interleaved = check_flag(interleaved, "interleaved")
 

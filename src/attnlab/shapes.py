@@ -16,13 +16,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .errors import MAX_ELEMENTS, AttnlabError, ShapeError, check_positive_int, shape_str
+from .errors import (
+    MAX_ELEMENTS,
+    AttnlabError,
+    ShapeError,
+    check_broadcastable,
+    check_positive_int,
+    shape_str,
+)
+from .messages import msg
 
 __all__ = [
     "AttentionShapes",
     "broadcast_shapes",
     "check_attention_shapes",
     "check_score_elements",
+    "check_alibi_slopes_shape",
+    "check_sinks_shape",
     "check_module_inputs",
     "check_key_padding_shape",
     "check_kv_shapes",
@@ -120,6 +130,23 @@ def check_score_elements(score_shape: Shape, hint: str, *, limit: int | None = N
             f"more than the plain path's limit of {limit:,} "
             f"(attnlab.errors.MAX_ELEMENTS); {hint}"
         )
+
+
+def check_alibi_slopes_shape(shape: Shape, batch: Shape) -> None:
+    """ALiBi's slopes (H,) or (B, H), broadcasting against the batch dims (..., H) of q."""
+    if len(shape) not in (1, 2):
+        raise ShapeError(msg("kernel.alibi_ndim", shape=shape_str(shape)))
+    check_broadcastable(shape, batch, "alibi_slopes", "the batch dims (..., H)")
+
+
+def check_sinks_shape(shape: Shape, batch: Shape) -> None:
+    """Attention sinks (H,): one logit per head of q (..., H, T, D), ``batch`` = q's
+    leading dims (..., H)."""
+    if len(shape) != 1:
+        raise ShapeError(msg("kernel.sinks_ndim", shape=shape_str(shape)))
+    if not batch or int(batch[-1]) != int(shape[0]):
+        raise ShapeError(msg("kernel.sinks_heads", heads=shape_str(tuple(batch)[-1:] or (1,)),
+                             shape=shape_str(shape)))
 
 
 # ------------------------------------------------------------------ multi-head attention

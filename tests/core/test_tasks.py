@@ -1,4 +1,4 @@
-"""attnlab.tasks: the sequences are what each task says, the held-out split is fixed by
+"""attnlab.train.tasks: the sequences are what each task says, the held-out split is fixed by
 the seed and never appears in training batches."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from attnlab.errors import AttnlabError
-from attnlab.tasks import IGNORE, TASK_NAMES, make_task
+from attnlab.train.tasks import IGNORE, TASK_NAMES, make_task
 
 
 def _full(inputs, targets, answer_start):
@@ -101,3 +101,27 @@ def test_a_negative_seed_is_refused_by_name(name):
     for seed in (-1, 1.5, True):
         with pytest.raises(AttnlabError, match=r"^seed: expected an integer"):
             make_task(name, seed=seed)
+
+
+def test_the_tasks_import_without_torch():
+    """attnlab.train.tasks is NumPy only: with torch blocked it imports and works, and
+    the trainer's names say how to install torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from attnlab.train.tasks import make_task\n"
+        "assert make_task('sort', heldout=4).heldout_inputs.shape[0] == 4\n"
+        "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules\n"
+        "               if sys.modules[m] is not None)\n"
+        "try:\n"
+        "    from attnlab.train import train\n"
+        "except ImportError as exc:\n"
+        "    assert \"pip install 'attnlab[torch]'\" in str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('attnlab.train.train imported without torch')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr

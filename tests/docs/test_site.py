@@ -19,7 +19,7 @@ API_PAGES = {
     "attnlab": "core", "attnlab.torch": "torch", "attnlab.torch.compat": "torch",
     "attnlab.torch.models": "torch", "attnlab.models": "models", "attnlab.lens": "lens",
     "attnlab.report": "report", "attnlab.distributed": "distributed",
-    "attnlab.triton": "triton", "attnlab.train": "train", "attnlab.tasks": "train",
+    "attnlab.triton": "triton", "attnlab.train": "train", "attnlab.train.tasks": "train",
     "attnlab.fast.varlen": "fast", "attnlab.hf": "hf", "attnlab.exercises": "exercises",
     "attnlab.hooks": "lens",
 }

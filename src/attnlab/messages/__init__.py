@@ -98,6 +98,12 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "kernel.advice": ("scale q and k down", "请把 q 和 k 缩小"),
     "kernel.advice_float64": ("scale q and k down, or compute in float64", "请把 q 和 k 缩小，或改用 float64 计算"),
     # ---- edges of the kernels, caches, merges and ring (each argument named)
+    "kernel.alibi_ndim": ("alibi_slopes: expected (H,) or (B, H), got {shape}",
+                          "alibi_slopes：需要 (H,) 或 (B, H)，实际形状为 {shape}"),
+    "kernel.sinks_ndim": ("sinks: expected one logit per head (H,), got {shape}",
+                          "sinks：需要每个头一个 logit (H,)，实际形状为 {shape}"),
+    "kernel.sinks_heads": ("sinks: expected one logit per head of q (..., H, T, D), (H,) = {heads}, got {shape}",
+                           "sinks：需要 q (..., H, T, D) 的每个头一个 logit，(H,) = {heads}，实际形状为 {shape}"),
     "kernel.alibi_range": ("alibi_slopes: expected |slope|·(T + S) below {limit} (a quarter of {dtype}'s largest value) so that the bias -slope·|i' - j| stays finite, got max|slope| = {slope} with T + S = {length}",
                            "alibi_slopes：需要 |slope|·(T + S) 小于 {limit}（{dtype} 最大值的四分之一），使偏置 -slope·|i' - j| 保持有限，实际 max|slope| = {slope}，T + S = {length}"),
     "sparse.window_required": ("window: expected an int W or a pair (left, right) (a sliding window needs one), got None",
@@ -112,9 +118,9 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "train.head_pairs": ("{name}: expected (layer, head) pairs of ints, got {got}", "{name}：需要由整数组成的 (layer, head) 对，实际得到 {got}"),
     # ---- explain
     "explain.rope_d_k": ("d_k: pos='rope' rotates pairs of features, expected an even d_k, got {got}", "d_k：pos='rope' 成对旋转特征，需要偶数的 d_k，实际得到 {got}"),
-    "explain.seed001_heads": ("num_heads: split='seed001' divides E = {E} into {H} heads (seed 001's assert d_model % h == 0), got a remainder {remainder}",
-                              "num_heads：split='seed001' 把 E = {E} 平分给 {H} 个头（原文 001 的 assert d_model % h == 0），余数为 {remainder}"),
-    "explain.seed001_d_k": ("d_k: split='seed001' uses d_k = E / H = {d_k}, got {got}", "d_k：split='seed001' 使用 d_k = E / H = {d_k}，实际得到 {got}"),
+    "explain.fused_heads": ("num_heads: split='fused' divides E = {E} into {H} heads (seed 001's assert d_model % h == 0), got a remainder {remainder}",
+                            "num_heads：split='fused' 把 E = {E} 平分给 {H} 个头（原文 001 的 assert d_model % h == 0），余数为 {remainder}"),
+    "explain.fused_d_k": ("d_k: split='fused' uses d_k = E / H = {d_k}, got {got}", "d_k：split='fused' 使用 d_k = E / H = {d_k}，实际得到 {got}"),
     "explain.x_empty": ("X: expected at least one token and one feature, got {shape}", "X：至少需要一个词元和一个特征，实际形状为 {shape}"),
     # ---- the distributed layouts
     "ring.length": ("{name}: the {layout} layout cuts the sequence into {rule} = {chunks} equal chunks, so the length must be a multiple of {chunks}, got {T}; pad it to {padded} (attnlab.distributed.padded_length) and pass key_padding False on the padding",

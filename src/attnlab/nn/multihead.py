@@ -1,7 +1,8 @@
 """Multi-head attention with explicit parameters, self- and cross-attention, and GQA.
 
 Weights are stored as (in, out) and applied as ``X @ W`` like the seeds do
-(``torch.nn.Linear`` stores (out, in): ``W = linear.weight.T``).
+(``torch.nn.Linear`` stores (out, in): ``W = linear.weight.T``); their head
+layout, the split into heads and the projection are :mod:`attnlab.nn.heads`'.
 
 Dimension legend: B batch, H query heads, Hkv key/value heads, T query length,
 S key length, D head dim, Dv value head dim, E model width (Ekv for the
@@ -31,11 +32,13 @@ from ..errors import (
     as_array,
     as_bool_mask,
     as_float_array,
+    as_vector,
     check_broadcastable,
     check_flag,
     check_positive_int,
     shape_str,
 )
+from ..gqa import repeat_kv
 from ..hooks import HookFn, HookSite, attached
 from ..init import as_rng, init_weight
 from ..kernel import (
@@ -50,22 +53,10 @@ from ..masked_softmax import stable_softmax
 from ..positional_relative import RotaryEmbedding, alibi_bias
 from ..shapes import check_key_padding_shape, check_module_inputs
 from ..trace import Recorder
+from .heads import check_head_layout, linear, merge_heads, split_heads
 
+# linear, split_heads and merge_heads are defined in .heads and stay importable from here.
 __all__ = ["MultiHeadAttention", "linear", "split_heads", "merge_heads"]
-
-
-def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
-    """(..., T, H*D) -> (..., H, T, D)."""
-    *lead, T, width = x.shape
-    x = x.reshape(*lead, T, num_heads, width // num_heads)  # (..., T, H, D)
-    return np.swapaxes(x, -3, -2)  # (..., H, T, D)
-
-
-def merge_heads(x: np.ndarray) -> np.ndarray:
-    """(..., H, T, D) -> (..., T, H*D)."""
-    *lead, H, T, D = x.shape
-    x = np.swapaxes(x, -3, -2)  # (..., T, H, D)
-    return x.reshape(*lead, T, H * D)  # (..., T, H*D)
 
 
 @dataclass
@@ -126,40 +117,11 @@ class MultiHeadAttention:
                 "hook_z", "hook_result"]
 
     def __post_init__(self) -> None:
-        H = check_positive_int(self.num_heads, "num_heads")
-        Hkv = H if self.num_kv_heads is None else check_positive_int(
-            self.num_kv_heads, "num_kv_heads"
-        )
-        if H % Hkv:
-            raise AttnlabError(
-                f"num_kv_heads: expected a divisor of num_heads = {H}, got {Hkv}"
-            )
-        self.num_heads, self.num_kv_heads = H, Hkv
-        self.Wq = _matrix(self.Wq, "Wq")
-        self.Wk = _matrix(self.Wk, "Wk")
-        self.Wv = _matrix(self.Wv, "Wv")
-        self.Wo = _matrix(self.Wo, "Wo")
-        if self.Wq.shape[1] % H:
-            raise ShapeError(
-                f"Wq: expected (E, H*D) with H = {H} dividing its width, "
-                f"got {shape_str(self.Wq.shape)}"
-            )
-        D = self.Wq.shape[1] // H
-        if self.Wk.shape[1] != Hkv * D:
-            raise ShapeError(
-                f"Wk: expected (Ekv, Hkv*D) = (Ekv, {Hkv * D}) for Hkv = {Hkv}, D = {D}, "
-                f"got {shape_str(self.Wk.shape)}"
-            )
-        if self.Wv.shape[1] % Hkv:
-            raise ShapeError(
-                f"Wv: expected (Ekv, Hkv*Dv) with Hkv = {Hkv} dividing its width, "
-                f"got {shape_str(self.Wv.shape)}"
-            )
-        Dv = self.Wv.shape[1] // Hkv
-        if self.Wo.shape[0] != H * Dv:
-            raise ShapeError(
-                f"Wo: expected (H*Dv, E_out) = ({H * Dv}, E_out), got {shape_str(self.Wo.shape)}"
-            )
+        layout = check_head_layout(self.Wq, self.Wk, self.Wv, self.Wo, self.num_heads,
+                                   self.num_kv_heads)
+        self.Wq, self.Wk, self.Wv, self.Wo = layout.Wq, layout.Wk, layout.Wv, layout.Wo
+        self.num_heads, self.num_kv_heads = layout.H, layout.Hkv
+        D, Dv = layout.D, layout.Dv
         self.head_dim, self.value_head_dim = D, Dv
         if self.rope is not None:
             if not isinstance(self.rope, RotaryEmbedding):
@@ -172,10 +134,10 @@ class MultiHeadAttention:
                     f"rope: expected head_dim {D} to match Wq's heads, got {self.rope.head_dim}"
                 )
         self.alibi = check_flag(self.alibi, "alibi")
-        self.bq = _vector(self.bq, "bq", self.Wq.shape[1])
-        self.bk = _vector(self.bk, "bk", self.Wk.shape[1])
-        self.bv = _vector(self.bv, "bv", self.Wv.shape[1])
-        self.bo = _vector(self.bo, "bo", self.Wo.shape[1])
+        self.bq, self.bk, self.bv, self.bo = (
+            None if b is None else as_vector(b, name, w.shape[1])
+            for b, name, w in ((self.bq, "bq", self.Wq), (self.bk, "bk", self.Wk),
+                               (self.bv, "bv", self.Wv), (self.bo, "bo", self.Wo)))
 
     @classmethod
     def init(
@@ -274,8 +236,7 @@ class MultiHeadAttention:
 
         (..., Hkv, S, D) -> (..., H, S, D); query head h reads kv head h // (H / Hkv).
         """
-        group = self.num_heads // (self.num_kv_heads or self.num_heads)
-        return kv if group == 1 else np.repeat(kv, group, axis=-3)  # (..., H, S, D)
+        return repeat_kv(kv, self.num_heads // (self.num_kv_heads or self.num_heads))
 
     def prepare_inputs(
         self, x: Any, context: Any = None, mask: Any = None, key_padding: Any = None
@@ -487,42 +448,3 @@ class MultiHeadAttention:
 
         kept = ["hook_q", "hook_k", "hook_v"] + (["hook_rot_q", "hook_rot_k"] if rotated else [])
         return [*((n, keep) for n in kept), ("hook_pattern", emit), ("hook_z", output)]
-
-
-def linear(
-    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, *, out: np.ndarray | None = None
-) -> np.ndarray:
-    """x @ w + b over the last dim: (..., in) -> (..., out).
-
-    The leading dims are flattened first: NumPy's matmul of a stack (B, T, in)
-    by a matrix runs B small products, one (T, in) @ (in, out) product is
-    ~1.5x faster. ``out`` (C-contiguous, shape (..., out)) receives the result
-    instead of a new array, so that a loop over layers can reuse its buffers.
-    """
-    rows = x.reshape(-1, x.shape[-1])  # (N, in)
-    if out is None:
-        y = (rows @ w).reshape(*x.shape[:-1], w.shape[1])  # (..., out)
-    else:
-        if not out.flags.c_contiguous:  # reshape would copy, and the result be lost
-            raise AttnlabError("out: expected a C-contiguous array")
-        y = out
-        np.matmul(rows, w, out=out.reshape(rows.shape[0], w.shape[1]))  # (N, out)
-    if b is not None:
-        y += b
-    return y
-
-
-def _matrix(w: Any, name: str) -> np.ndarray:
-    arr = as_float_array(w, name)
-    if arr.ndim != 2:
-        raise ShapeError(f"{name}: expected a 2-D (in, out) matrix, got {shape_str(arr.shape)}")
-    return arr
-
-
-def _vector(b: Any, name: str, size: int) -> np.ndarray | None:
-    if b is None:
-        return None
-    arr = as_float_array(b, name)
-    if arr.shape != (size,):
-        raise ShapeError(f"{name}: expected ({size},), got {shape_str(arr.shape)}")
-    return arr

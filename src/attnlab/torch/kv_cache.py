@@ -46,6 +46,7 @@ from ..errors import AttnlabError, check_alloc
 from ..fast.cache_book import CacheBook, GrowingBook, RingBook
 from . import debug
 from .checks import as_bool_tensor, as_float_tensor, check_sinks_tensor
+from .gqa import repeat_kv
 from .kernel import attend, causal_allowed
 from .masks import window_mask
 
@@ -67,8 +68,8 @@ def _grouped_attention(
     if keys.dtype != q.dtype:  # float16 / bfloat16 storage, computed in float32
         keys, values = keys.to(q.dtype), values.to(q.dtype)
     if sinks is not None:
-        keys = keys.repeat_interleave(G, dim=1)  # (B, H, S, D): head h reads h // G
-        values = values.repeat_interleave(G, dim=1)  # (B, H, S, Dv)
+        keys = repeat_kv(keys, G)  # (B, H, S, D): head h reads h // G
+        values = repeat_kv(values, G)  # (B, H, S, Dv)
         return cast(torch.Tensor, attend(q, keys, values, allowed, None, scale, softcap=softcap,
                                           sinks=sinks.to(q.dtype)))  # (B, H, T, Dv)
     rows = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D); head h = g*G + j

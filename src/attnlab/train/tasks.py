@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AttnlabError, check_positive_int
+from ..errors import AttnlabError, check_positive_int
 
 __all__ = [
     "IGNORE",
