@@ -27,7 +27,7 @@ LOGIT_TOL = {"float64": {"rtol": 1e-10, "atol": 1e-10}, "float32": {"rtol": 1e-4
 CONFIGS = {
     "mha-rope": dict(),
     "gqa-rope": dict(num_heads=4, num_kv_heads=2),
-    "mqa-no-rope": dict(num_heads=4, num_kv_heads=1, rope=False),
+    "mqa-no-rope": dict(num_heads=4, num_kv_heads=1, pos="none"),
     "window-5": dict(num_kv_heads=2, window=5),
     "relu-3-layers": dict(num_layers=3, activation="relu"),
 }

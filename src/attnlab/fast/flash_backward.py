@@ -20,7 +20,8 @@ import numpy as np
 
 from ..backward import check_upstream, sum_to_shape
 from ..errors import check_alloc, check_positive_int
-from ..kernel import check_inputs, check_sinks, gqa_reduce
+from ..gqa import gqa_reduce
+from ..kernel import check_inputs, check_sinks
 from .flash_parts import (
     DEFAULT_BLOCK_K,
     DEFAULT_BLOCK_Q,

@@ -64,7 +64,8 @@ import numpy as np
 from ..errors import AttnlabError, as_bool_mask, as_float_array, check_alloc, missing_extra
 from ..kernel import abs_max, attend, check_score_range, check_sinks
 from ..masks import causal_mask, window_mask
-from .cache_book import CacheBook, GrowingBook, RingBook
+from .cache_book import CacheBook, GrowingBook
+from .ring_book import RingBook
 
 __all__ = [
     "KVCache",

@@ -20,6 +20,7 @@ and switch off what the seeds teach by contrast (the 1/√d_k scaling).
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from typing import Any
 
@@ -49,8 +50,12 @@ __all__ = ["explain", "POSITIONS", "SEED_000_X", "SPLITS", "token_embeddings"]
 
 #: The positional encodings ``explain(pos=...)`` can add.
 POSITIONS = ("none", "sinusoidal", "learned", "rope")
-#: The two multi-head layouts of the seeds (the same computation, two ways of writing it).
-SPLITS = ("seed000", "seed001")
+#: The two multi-head layouts of the seed articles (the same computation, two ways of
+#: writing it): seed 000's "per_head" and seed 001's "fused".
+SPLITS = ("per_head", "fused")
+#: The former names of the layouts (deprecated, warn): a split named "seed001" read
+#: like a random seed beside ``seed=``.
+FORMER_SPLITS = {"seed000": "per_head", "seed001": "fused"}
 
 #: Seed 000's input: 3 words × 4 dims.
 SEED_000_X = np.array([[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]], dtype=np.float64)
@@ -110,7 +115,7 @@ def explain(
     pos: str = "none",
     residual: bool = False,
     norm: str | None = None,
-    split: str = "seed000",
+    split: str = "per_head",
     seed: int = 0,
     scheme: str = "normal",
 ) -> Trace:
@@ -138,11 +143,12 @@ def explain(
         residual  add the layer's input back: x + attention(x) (needs E_out = E).
         norm      "post": LayerNorm(x + attention(x)) (seed 001's code);
                   "pre": x + attention(LayerNorm(x)). Either implies ``residual``.
-        split     "seed000": each head takes its own columns of Wq (seed 000's
-                  ``E × H·d_k`` layout, one projection per head); "seed001": one
+        split     "per_head": each head takes its own columns of Wq (seed 000's
+                  ``E × H·d_k`` layout, one projection per head); "fused": one
                   projection of width E = H·d_k, then ``.view(T, H, d_k).transpose``
                   (seed 001's ``d_model / h`` split; d_k defaults to E // H). The two
-                  are the same computation: head h reads the same columns.
+                  are the same computation: head h reads the same columns. The
+                  former names "seed000" and "seed001" still work (deprecated, warn).
 
     Formula, for each head h (Wq_h = Wq[:, h*d_k:(h+1)*d_k], likewise Wk_h, Wv_h)::
 
@@ -176,13 +182,17 @@ def explain(
     >>> causal = explain(tokens=["小明", "去了", "学校"], num_heads=2, is_causal=True)
     >>> causal.get("weights", head=1).values.shape, causal.output.shape
     ((3, 3), (3, 6))
-    >>> layer = explain(num_heads=2, split="seed001", Wo=True, norm="post")
+    >>> layer = explain(num_heads=2, split="fused", Wo=True, norm="post")
     >>> [s.key for s in layer][-4:], layer.output.shape
     (['Wo', 'projected', 'residual', 'normed'], (3, 4))
 
     Print it with :func:`attnlab.report.to_text`, save it with :func:`attnlab.report.save`.
     """
     H = check_positive_int(num_heads, "num_heads")
+    if split in FORMER_SPLITS:
+        warnings.warn(f"explain(split={split!r}) is deprecated: say "
+                      f"split={FORMER_SPLITS[split]!r}", DeprecationWarning, stacklevel=2)
+        split = FORMER_SPLITS[split]
     if split not in SPLITS:
         raise AttnlabError(f"split: expected one of {list(SPLITS)}, got {split!r}")
     if pos not in POSITIONS:
@@ -266,7 +276,7 @@ def explain(
     source_name = {"none": "X", "sinusoidal": "x", "learned": "x", "rope": "X"}[pos]
     if norm == "pre":
         source_name = "LayerNorm(x)"
-    if split == "seed001":
+    if split == "fused":
         whole = {n: attn_in @ weights["W" + n.lower()] for n in "QKV"}  # (T, H*D) each
         split_heads = {n: m.reshape(T, H, D).transpose(1, 0, 2) for n, m in whole.items()}
         steps += [Step(f"{n}_all", m, f"{n}_all = {source_name}·W{n.lower()}    (T, H·d_k)")
@@ -277,7 +287,7 @@ def explain(
     notes: list[dict[str, Any]] = []
     for h in range(H):
         tag = {"head": h if H > 1 else None}
-        if split == "seed001":
+        if split == "fused":
             Q, K, V = (split_heads[n][h] for n in "QKV")  # (T, D) each
             part = f"[{h}]" if H > 1 else "[0]"
             formulas = [f"{n} = {n}_all.view(T, H, d_k).transpose(0, 1){part}" for n in "QKV"]
@@ -320,7 +330,7 @@ def explain(
     result = head_outputs[0]
     if H > 1:
         result = np.concatenate(head_outputs, axis=-1)  # (T, H*D)
-        if split == "seed001":
+        if split == "fused":
             formula = "concat = output.transpose(0, 1).contiguous().view(T, H·d_k)"
         else:
             parts = [f"head_{h + 1}" for h in range(H)] if H <= 4 else [
@@ -358,11 +368,11 @@ def explain(
 
 def _head_dim(d_k: int | None, split: str, E: int, H: int) -> int:
     """d_k: given, or 3 (seed 000's) / E // H (seed 001's d_model / h, which must divide)."""
-    if split == "seed001":
+    if split == "fused":
         if E % H:
-            raise ShapeError(msg("explain.seed001_heads", E=E, H=H, remainder=E % H))
+            raise ShapeError(msg("explain.fused_heads", E=E, H=H, remainder=E % H))
         if d_k is not None and check_positive_int(d_k, "d_k") * H != E:
-            raise ShapeError(msg("explain.seed001_d_k", d_k=E // H, got=d_k))
+            raise ShapeError(msg("explain.fused_d_k", d_k=E // H, got=d_k))
         return E // H
     return 3 if d_k is None else check_positive_int(d_k, "d_k")
 

@@ -140,9 +140,9 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "train.head_pairs": ("{name}: expected (layer, head) pairs of ints, got {got}", "{name}：需要由整数组成的 (layer, head) 对，实际得到 {got}"),
     # ---- explain
     "explain.rope_d_k": ("d_k: pos='rope' rotates pairs of features, expected an even d_k, got {got}", "d_k：pos='rope' 成对旋转特征，需要偶数的 d_k，实际得到 {got}"),
-    "explain.seed001_heads": ("num_heads: split='seed001' divides E = {E} into {H} heads (seed 001's assert d_model % h == 0), got a remainder {remainder}",
-                              "num_heads：split='seed001' 把 E = {E} 平分给 {H} 个头（原文 001 的 assert d_model % h == 0），余数为 {remainder}"),
-    "explain.seed001_d_k": ("d_k: split='seed001' uses d_k = E / H = {d_k}, got {got}", "d_k：split='seed001' 使用 d_k = E / H = {d_k}，实际得到 {got}"),
+    "explain.fused_heads": ("num_heads: split='fused' divides E = {E} into {H} heads (seed 001's assert d_model % h == 0), got a remainder {remainder}",
+                            "num_heads：split='fused' 把 E = {E} 平分给 {H} 个头（原文 001 的 assert d_model % h == 0），余数为 {remainder}"),
+    "explain.fused_d_k": ("d_k: split='fused' uses d_k = E / H = {d_k}, got {got}", "d_k：split='fused' 使用 d_k = E / H = {d_k}，实际得到 {got}"),
     "explain.x_empty": ("X: expected at least one token and one feature, got {shape}", "X：至少需要一个词元和一个特征，实际形状为 {shape}"),
     # ---- the distributed layouts
     "ring.length": ("{name}: the {layout} layout cuts the sequence into {rule} = {chunks} equal chunks, so the length must be a multiple of {chunks}, got {T}; pad it to {padded} (attnlab.distributed.padded_length) and pass key_padding False on the padding",

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..backward import attention_backward, check_upstream, sum_to_shape
 from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
+from ..gqa import gqa_reduce
 from ..kernel import attend, check_inputs
 from ..special import erf
 from .layers import EncoderBlock, FeedForward, LayerNorm, SelfAttentionLayer, gelu, layer_norm_stats
@@ -154,8 +155,8 @@ def mha_backward(
     dq, dk_rep, dv_rep, dscaled = attention_backward(
         q_arr, k_arr, v_arr, weights, dheads, scale_value
     )  # (B, H, T, D), (B, H, S, D), (B, H, S, Dv), (B, H, T, S)
-    dk = _sum_groups(dk_rep, Hkv, group)  # (B, Hkv, S, D)
-    dv = _sum_groups(dv_rep, Hkv, group)  # (B, Hkv, S, Dv)
+    dk = gqa_reduce(dk_rep, group)  # (B, Hkv, S, D)
+    dv = gqa_reduce(dv_rep, group)  # (B, Hkv, S, Dv)
 
     dx = np.zeros_like(x_arr)
     dctx = np.zeros_like(ctx)
@@ -174,15 +175,6 @@ def mha_backward(
     if context is None:  # self-attention: x feeds the keys and values too
         return MultiHeadGrads(dx + dctx, None, params, dbias)
     return MultiHeadGrads(dx, dctx, params, dbias)
-
-
-def _sum_groups(grad: np.ndarray, kv_heads: int, group: int) -> np.ndarray:
-    """GQA: undo ``np.repeat(kv, group, axis=-3)`` by summing each group of query heads."""
-    if group == 1:
-        return grad
-    *lead, _, S, dim = grad.shape
-    grouped = grad.reshape(*lead, kv_heads, group, S, dim)  # (B, Hkv, G, S, dim)
-    return grouped.sum(axis=-3)  # (B, Hkv, S, dim)
 
 
 def _weight_grad(inputs: np.ndarray, dproj: np.ndarray) -> np.ndarray:

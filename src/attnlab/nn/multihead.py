@@ -38,6 +38,7 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
+from ..gqa import repeat_kv
 from ..hooks import HookFn, HookSite, attached
 from ..init import as_rng, init_weight
 from ..kernel import (
@@ -235,8 +236,7 @@ class MultiHeadAttention:
 
         (..., Hkv, S, D) -> (..., H, S, D); query head h reads kv head h // (H / Hkv).
         """
-        group = self.num_heads // (self.num_kv_heads or self.num_heads)
-        return kv if group == 1 else np.repeat(kv, group, axis=-3)  # (..., H, S, D)
+        return repeat_kv(kv, self.num_heads // (self.num_kv_heads or self.num_heads))
 
     def prepare_inputs(
         self, x: Any, context: Any = None, mask: Any = None, key_padding: Any = None

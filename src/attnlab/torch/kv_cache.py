@@ -43,7 +43,8 @@ from typing import Any, cast
 import torch
 
 from ..errors import AttnlabError, check_alloc
-from ..fast.cache_book import CacheBook, GrowingBook, RingBook
+from ..fast.cache_book import CacheBook, GrowingBook
+from ..fast.ring_book import RingBook
 from . import debug
 from .checks import as_bool_tensor, as_float_tensor, check_sinks_tensor
 from .gqa import repeat_kv

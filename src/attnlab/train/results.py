@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import AttnlabError, check_positive_int
 from ..messages import msg
-from .model import Decoder, ModelConfig
+from .model import Decoder, DecoderConfig
 from .tasks import IGNORE, Task
 
 __all__ = ["Evaluation", "GENERIC_DETECTORS_APPLY", "TASK_DETECTORS", "TrainConfig",
@@ -133,7 +133,7 @@ class TrainResult:
     ``heldout_loss`` (K,)."""
 
     task: Task
-    model_config: ModelConfig
+    model_config: DecoderConfig
     config: TrainConfig
     model: Decoder
     losses: np.ndarray

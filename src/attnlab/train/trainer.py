@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from ..errors import AttnlabError
 from ..lens.heads import DETECTORS, all_head_scores
 from .evaluation import INDUCTION_HEAD_SCORE, ablation_check, evaluate
-from .model import Decoder, ModelConfig
+from .model import Decoder, DecoderConfig
 from .results import (
     GENERIC_DETECTORS_APPLY,
     TASK_DETECTORS,
@@ -70,7 +70,7 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def train(
     task: Task,
-    model_config: ModelConfig,
+    model_config: DecoderConfig,
     config: TrainConfig | None = None,
     *,
     on_step: StepCallback | None = None,
