@@ -14,7 +14,10 @@ layer, what each head computed:
   from (after RoPE, where there is RoPE), so that
   ``scores = q · kᵀ · scales[l]`` (+ −inf where not allowed) and ``weights = softmax(scores)``;
 - ``value_norms`` (L, H, S): ‖v_j W_O^h‖ for each key j (v from ``hook_v``), so
-  that ‖α_ij v_j W_O^h‖ = α_ij · value_norms[l, h, j] (Kobayashi et al. 2020).
+  that ‖α_ij v_j W_O^h‖ = α_ij · value_norms[l, h, j] (Kobayashi et al. 2020);
+- ``ablation`` (L, H), when asked for: how much the model's output changes when each
+  head alone is zero-ablated, ‖y_ablated − y‖ / ‖y‖
+  (:func:`attnlab.lens.hf_lens.ablation_effects`; L·H more runs).
 
 How the reading is done: the model runs on attnlab's attention implementation
 (``attn_implementation="attnlab"``, registered by :func:`attnlab.hf.register`) and
@@ -41,7 +44,7 @@ import numpy as np
 from ..errors import AttnlabError
 from ..messages import msg
 from .cache import run_with_cache
-from .hf_points import attention_modules
+from .hf_points import attention_modules, output_projection
 
 __all__ = ["HFModel", "HFRun", "load_hf", "output_projection", "run_hf"]
 
@@ -86,6 +89,7 @@ class HFRun:
     prompt_length: int  # tokens before the generated ones (T when nothing was generated)
     segments: list[int] | None = None  # 0 = sentence A, 1 = sentence B (pairs only)
     logits: np.ndarray | None = field(default=None, repr=False)  # (T, vocab), decoders
+    ablation: np.ndarray | None = None  # (L, H): relative output change, each head zeroed
 
     @property
     def generated(self) -> np.ndarray:
@@ -147,23 +151,6 @@ def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | Non
                    is_decoder=is_decoder)
 
 
-def output_projection(model: Any, attention: Any) -> Any:
-    """The module that maps the concatenated heads (.., H·Dv) to the model width: W_O."""
-    for attribute in ("o_proj", "c_proj", "out_proj", "dense", "o"):
-        found = getattr(attention, attribute, None)
-        if found is not None and callable(found):
-            return found
-    # BERT: BertSelfAttention's output goes to its parent's output.dense.
-    names = {module: name for name, module in model.named_modules()}
-    parent_name = names.get(attention, "").rpartition(".")[0]
-    parent = model.get_submodule(parent_name) if parent_name else None
-    dense = getattr(getattr(parent, "output", None), "dense", None)
-    if dense is None:
-        raise AttnlabError(f"model: cannot find the output projection of "
-                           f"{type(attention).__name__}")
-    return dense
-
-
 def _value_norms(model: Any, attention: Any, value: Any, num_heads: int) -> np.ndarray:
     """‖v_j W_O^h‖ for every head h and key j: (H, S), from ``value`` (B, Hkv, S, Dv) as
     ``hook_v`` read it. W_O is applied as the model's own module to an input that holds
@@ -187,7 +174,8 @@ def _value_norms(model: Any, attention: Any, value: Any, num_heads: int) -> np.n
     return norms
 
 
-def run_hf(hf: HFModel, text: str, *, pair: str | None = None, generate: int = 0) -> HFRun:
+def run_hf(hf: HFModel, text: str, *, pair: str | None = None, generate: int = 0,
+           ablation: bool = False) -> HFRun:
     """Run ``text`` (and ``pair``, or ``generate`` greedy tokens after it) through ``hf``.
 
     With ``generate`` N > 0 (decoders only), ``model.generate`` picks N tokens greedily
@@ -195,7 +183,8 @@ def run_hf(hf: HFModel, text: str, *, pair: str | None = None, generate: int = 0
     prompt + generated tokens reads every head. For a causal model that forward's row t
     is exactly the row the cached step computed at position t (the KV cache grows by
     one key per step and changes no earlier row), so the viewer's step slider shows the
-    cache growing by cutting this one matrix.
+    cache growing by cutting this one matrix. ``ablation``: also measure each head's
+    zero-ablation effect on the output over the same tokens (``HFRun.ablation``).
     """
     import torch
 
@@ -259,10 +248,15 @@ def run_hf(hf: HFModel, text: str, *, pair: str | None = None, generate: int = 0
     flat = ids[0].tolist()
     tokens = [str(t) for t in hf.tokenizer.convert_ids_to_tokens(flat)]
     logits = result.logits[0].double().numpy() if hf.is_decoder else None
+    effects = None
+    if ablation:
+        from .hf_lens import ablation_effects
+
+        effects = ablation_effects(model, input_ids=ids, **extra)  # (L, H)
     return HFRun(tokens=tokens, ids=np.asarray(flat), weights=weights, q=q, k=k,
                  scales=scales, value_norms=norms,
                  is_causal=hf.is_decoder, prompt_length=prompt_length, segments=segments,
-                 logits=logits)
+                 logits=logits, ablation=effects)
 
 
 def tokens_of(hf: HFModel, ids: Sequence[int]) -> list[str]:
