@@ -83,9 +83,10 @@ def run_transformers(args: argparse.Namespace) -> int:
         "prompt_length": run.prompt_length if args.generate else None,
         "heads_per_kv": H // Hkv,
         "segments": run.segments,
-        "queries": run.q[np.ix_(layers, heads)],
-        "keys": run.k[layers],
-        "scales": run.scales[layers],
+        # the neuron view, where the scores are q·k × one scale per layer
+        "queries": None if run.scales is None else run.q[np.ix_(layers, heads)],
+        "keys": None if run.scales is None else run.k[layers],
+        "scales": None if run.scales is None else run.scales[layers],
         "value_norms": run.value_norms[np.ix_(layers, heads)],
         # the head table: how much the output changes when each head is zeroed
         "importance": None if run.ablation is None else run.ablation[np.ix_(layers, heads)],
@@ -94,6 +95,8 @@ def run_transformers(args: argparse.Namespace) -> int:
         pieces = hf.tokenizer.decode(run.generated.tolist())
         print(f"生成的 {args.generate} 个词元：{pieces}" if zh
               else f"generated {args.generate} tokens: {pieces}", file=sys.stderr)
+    if run.neuron_note is not None:
+        print(run.neuron_note.render(args.lang), file=sys.stderr)
     if not run.is_causal and run.prompt_length == hf.tokenizer.model_max_length:
         print("注意：文本被截断到模型的最大长度" if zh
               else "note: the text was cut at the model's maximum length", file=sys.stderr)

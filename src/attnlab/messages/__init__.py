@@ -202,6 +202,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "hf.not_a_folder": ("{name}: expected a Hugging Face folder (config.json, weights, tokenizer) or a hub name, got {got}", "{name}：需要一个 Hugging Face 模型文件夹（config.json、权重、分词器）或 Hub 上的模型名，实际得到 {got}"),
     "hf.hub_unreachable": ("{name}: cannot load {got} from the Hugging Face hub (offline or unknown: {detail}); give a local folder", "{name}：无法从 Hugging Face Hub 加载 {got}（离线或不存在：{detail}）；请给出本地文件夹"),
     "hf.folder_unreadable": ("{name}: cannot load the folder {got} ({detail})", "{name}：无法加载文件夹 {got}（{detail}）"),
+    "hf.neuron_softcap": ("note: no neuron view for {model}: layer {layer} caps its scores (softcap {cap}: score = {cap}·tanh(q·k·scale/{cap})), so q·k × scale is not the score the weights came from", "注意：{model} 没有神经元视图：第 {layer} 层对分数做了上限压缩（softcap {cap}：分数 = {cap}·tanh(q·k·scale/{cap})），q·k × 缩放 不是得到权重的那个分数"),
+    "hf.neuron_scale": ("note: no neuron view for {model}: in layer {layer} the scores are not q·k × one scale (off by up to {error}: a bias, a cap or another scale), so the view would show wrong scores", "注意：{model} 没有神经元视图：第 {layer} 层的分数不是 q·k × 一个缩放（最多相差 {error}：有偏置、上限压缩或别的缩放），视图会显示错误的分数"),
     "hf.encoder_generate": ("{name}: {model} is an encoder (no language-model head); --generate needs a decoder", "{name}：{model} 是编码器（没有语言模型头）；--generate 需要解码器"),
     "cli.pair_with_study": ("--pair: not with --study (the study reads the shipped pairs)", "--pair：不能与 --study 同用（研究读取随包提供的句子对）"),
     "cli.d_model_with_x": ("--d-model: only used with --tokens and no --x (the width of the toy embeddings), got --d-model {got} with --x", "--d-model：只在给 --tokens、不给 --x 时使用（玩具嵌入向量的宽度），实际在给了 --x 时得到 --d-model {got}"),
