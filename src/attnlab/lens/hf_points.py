@@ -37,7 +37,7 @@ from typing import Any
 from ..errors import AttnlabError
 
 __all__ = ["ATTENTION_POINTS", "LAYER_POINTS", "MLP_SIDE", "attention_modules", "install",
-           "is_hf_model"]
+           "is_hf_model", "output_projection"]
 
 ATTENTION_POINTS = ["hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"]
 LAYER_POINTS = ["hook_resid_pre", "hook_resid_mid", "hook_resid_post"]
@@ -89,6 +89,23 @@ def attention_modules(model: Any) -> list[Any]:
         modules += [child for child in layer.hook_points()
                     if isinstance(child, tuple) and child[0] == "attn"]
     return [module for _, module in modules]
+
+
+def output_projection(model: Any, attention: Any) -> Any:
+    """The module that maps the concatenated heads (.., H·Dv) to the model width: W_O."""
+    for attribute in ("o_proj", "c_proj", "out_proj", "dense", "o"):
+        found = getattr(attention, attribute, None)
+        if found is not None and callable(found):
+            return found
+    # BERT: BertSelfAttention's output goes to its parent's output.dense.
+    names = {module: name for name, module in model.named_modules()}
+    parent_name = names.get(attention, "").rpartition(".")[0]
+    parent = model.get_submodule(parent_name) if parent_name else None
+    dense = getattr(getattr(parent, "output", None), "dense", None)
+    if dense is None:
+        raise AttnlabError(f"model: cannot find the output projection of "
+                           f"{type(attention).__name__}")
+    return dense
 
 
 def check_attention_implementation(model: Any, names: list[str]) -> None:
