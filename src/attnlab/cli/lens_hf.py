@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..messages import msg
+from ..messages import msg, render
 from .args import CliError, prepare_out_dir, text_argument
 
 
@@ -97,7 +97,7 @@ def run_transformers_lens(args: argparse.Namespace, table_text: Callable[..., st
         report.update(_overview(args, loaded, ids, table_text))
     (out / "lens.json").write_text(json.dumps(report, ensure_ascii=False, indent=2) + "\n",
                                    encoding="utf-8")
-    print(f"{'已写入' if zh else 'wrote'} {out / 'lens.json'}", file=sys.stderr)
+    print(render("cli.wrote", args.lang, path=out / "lens.json"), file=sys.stderr)
     return 0
 
 

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from ..messages import msg
+from ..messages import msg, render
 from .args import CliError, check_memory, prepare_out_dir
 
 LAYOUT_CHOICES = ("contiguous", "zigzag", "striped")
@@ -135,15 +135,15 @@ def _run_simulation(settings: Any, args: argparse.Namespace, folder: Any) -> int
         print(text)
     if folder is not None:
         (folder / "ring.txt").write_text(text + "\n", encoding="utf-8")
-        print(f"wrote {folder / 'ring.txt'}", file=sys.stderr)
+        print(render("cli.wrote", args.lang, path=folder / "ring.txt"), file=sys.stderr)
         try:
             from ..report.figures import save_figure
             from ..report.ring import ring_figure
 
             png = save_figure(ring_figure(sim.report, args.lang), folder / "ring.png")
-            print(f"wrote {png}", file=sys.stderr)
+            print(render("cli.wrote", args.lang, path=png), file=sys.stderr)
         except ImportError as exc:
-            print(f"note: no picture ({exc})", file=sys.stderr)
+            print(render("cli.no_plot", args.lang, reason=exc), file=sys.stderr)
     return 0
 
 

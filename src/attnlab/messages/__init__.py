@@ -154,6 +154,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "lens.link_type": ("{name}: expected text such as 'it->animal', got {type}", "{name}：需要文本，例如 'it->animal'，实际得到 {type}"),
     "lens.not_a_token": ("{name}: expected one of the text's tokens, got {got} (the tokens are: {tokens})", "{name}：需要文本中的一个词元，实际得到 {got}（词元为：{tokens}）"),
     # ---- the command line
+    "cli.wrote": ("wrote {path}", "已写入 {path}"),
+    "cli.no_plot": ("note: no plot ({reason})", "说明：未画图（{reason}）"),
     "cli.text_or_study": ("text: expected a TEXT, or --study (not both)", "text：需要一段 TEXT，或者 --study（二者不能同时给出）"),
     "cli.text_needed": ("text: expected a TEXT, or --study", "text：需要一段 TEXT，或者 --study"),
     "cli.numbers_in": ("{flag}: expected numbers in 1..{count}, got {got}", "{flag}：需要 1..{count} 之间的数，实际得到 {got}"),

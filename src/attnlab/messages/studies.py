@@ -23,8 +23,6 @@ STUDY_MESSAGES: dict[str, tuple[str, str]] = {
     "study.never": ("never", "从不"),
     "study.time": ("time", "时间"),
     # ---- the lines the commands print
-    "cli.wrote": ("wrote {path}", "已写入 {path}"),
-    "cli.no_plot": ("note: no plot ({reason})", "说明：未画图（{reason}）"),
     "cli.approx_pass_out": ("(pass --out DIR to write approx.json and the plots)",
                             "（加上 --out DIR 可写出 approx.json 和图）"),
     # ---- attnlab profile: the models and their notes
