@@ -32,6 +32,7 @@ contains "Attention" (``LlamaAttention``, ``GPT2Attention``, ``BertSelfAttention
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ..errors import AttnlabError
@@ -68,14 +69,17 @@ def install(model: Any) -> Any:
         attention.hook_site = None
         attention.hook_points = ATTENTION_POINTS.copy
         layer.hook_site = None
-        layer.hook_points = _layer_points(attention)
+        # partials, not closures or a list's bound method: copy.deepcopy(model) copies a
+        # partial's arguments, so a copy's points sit on the copy's own modules
+        layer.hook_points = functools.partial(_layer_points, attention)
         layer.register_forward_pre_hook(_resid_pre, with_kwargs=True)
         layer.register_forward_hook(_resid_post)
         mlp_side = _mlp_side(layer, index)
-        mlp_side.register_forward_pre_hook(_resid_mid(layer), with_kwargs=True)
+        mlp_side.register_forward_pre_hook(functools.partial(_resid_mid, layer),
+                                           with_kwargs=True)
         children.append((f"blocks.{index}", layer))
     model.hook_site = None
-    model.hook_points = children.copy
+    model.hook_points = functools.partial(list, children)
     model._attnlab_hook_layers = len(layers)
     return model
 
@@ -153,11 +157,8 @@ def _mlp_side(layer: Any, index: int) -> Any:
                        f"the MLP side starts with ({', '.join(MLP_SIDE)}): no hook_resid_mid")
 
 
-def _layer_points(attention: Any) -> Any:
-    def points() -> list[str | tuple[str, Any]]:
-        return ["hook_resid_pre", ("attn", attention), "hook_resid_mid", "hook_resid_post"]
-
-    return points
+def _layer_points(attention: Any) -> list[str | tuple[str, Any]]:
+    return ["hook_resid_pre", ("attn", attention), "hook_resid_mid", "hook_resid_post"]
 
 
 def _resid_pre(layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -179,17 +180,14 @@ def _resid_post(layer: Any, args: Any, output: Any) -> Any:
     return site("hook_resid_post", output)
 
 
-def _resid_mid(layer: Any) -> Any:
-    def read(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        site = layer.hook_site
-        if site is None:
-            return None
-        value = args[0] if args else next(iter(kwargs.values()))
-        if site(("hook_resid_mid"), value) is not value:
-            raise AttnlabError(
-                f"hook {site.prefix}hook_resid_mid: read-only on Hugging Face models (the "
-                "layer keeps its own copy of the residual there); edit hook_resid_pre, an "
-                "attention point or hook_resid_post instead")
+def _resid_mid(layer: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    site = layer.hook_site
+    if site is None:
         return None
-
-    return read
+    value = args[0] if args else next(iter(kwargs.values()))
+    if site("hook_resid_mid", value) is not value:
+        raise AttnlabError(
+            f"hook {site.prefix}hook_resid_mid: read-only on Hugging Face models (the "
+            "layer keeps its own copy of the residual there); edit hook_resid_pre, an "
+            "attention point or hook_resid_post instead")
+    return None
