@@ -18,10 +18,9 @@ import json
 import sys
 from typing import Any
 
+from ..distributed.layouts import LAYOUTS
 from ..messages import msg, render
 from .args import CliError, check_memory, prepare_out_dir
-
-LAYOUT_CHOICES = ("contiguous", "zigzag", "striped")
 
 
 def add_parser(sub: Any) -> None:
@@ -41,7 +40,7 @@ def add_parser(sub: Any) -> None:
                    help="key/value heads Hkv, dividing H (default H)")
     p.add_argument("--head-dim", type=int, default=64, help="head dim D (default 64)")
     p.add_argument("--batch", type=int, default=1, help="batch B (default 1)")
-    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="zigzag",
+    p.add_argument("--layout", choices=LAYOUTS, default="zigzag",
                    help="how positions are split over ranks (default zigzag)")
     p.add_argument("--causal", action="store_true", help="causal attention")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
