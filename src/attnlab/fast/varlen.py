@@ -77,10 +77,11 @@ from .varlen_layout import (
     check_varlen_inputs,
     check_varlen_shapes,
     cu_seqlens_from_lengths,
-    grouped_view,
+    group_views,
     length_groups,
+    packed_groups,
     sequence_allowed,
-    sequence_views,
+    sequences_with_keys,
 )
 
 __all__ = [
@@ -122,21 +123,16 @@ def attend_packed(
     if out is None:
         out = np.empty((total_q, H, Dv), dtype=q.dtype)  # (total_q, H, Dv)
     group_sinks = None if sinks is None else sinks.reshape(Hkv, H // Hkv, 1, 1)  # head g·G + j
-    for (T, S), members in length_groups(cu_seqlens_q, cu_seqlens_k).items():
-        if T == 0:
-            continue
-        rows_q = cu_seqlens_q[members][:, None] + np.arange(T)  # (n, T) packed row indices
+    for T, S, rows_q, rows_k in packed_groups(cu_seqlens_q, cu_seqlens_k):
         if S == 0:  # nothing to attend to (a sink takes no value): output 0, as the plain path
             out[rows_q] = 0.0
             continue
-        rows_k = cu_seqlens_k[members][:, None] + np.arange(S)  # (n, S)
-        q_g = grouped_view(q[rows_q], Hkv)  # (n, Hkv, G, T, D)
-        k_g = k[rows_k].transpose(0, 2, 1, 3)[:, :, None]  # (n, Hkv, 1, S, D)
-        v_g = v[rows_k].transpose(0, 2, 1, 3)[:, :, None]  # (n, Hkv, 1, S, Dv)
+        # q_g (n, Hkv, G, T, D); k_g, v_g (n, Hkv, 1, S, ·): key/value heads not copied
+        q_g, k_g, v_g = group_views(q, k, v, rows_q, rows_k)
         allowed = sequence_allowed(T, S, is_causal, window)  # (T, S)
         result, _ = attend(q_g, k_g, v_g, allowed, None, scale, softcap=softcap,
                            sinks=group_sinks)  # (n, Hkv, G, T, Dv)
-        out[rows_q] = result.transpose(0, 3, 1, 2, 4).reshape(len(members), T, H, Dv)
+        out[rows_q] = result.transpose(0, 3, 1, 2, 4).reshape(len(rows_q), T, H, Dv)
     return out
 
 
@@ -256,11 +252,8 @@ def flash_varlen_attention(
         lse[:] = sink_logits[:, :, 0]
     group_sinks = None if sink_logits is None else sink_logits.reshape(
         inputs.num_kv_heads, H // inputs.num_kv_heads, 1, 1)  # (Hkv, G, 1, 1), head g·G + j
-    for b in range(inputs.cu_seqlens_q.size - 1):
-        rows_q, rows_k, q_b, k_b, v_b = sequence_views(inputs, b)
+    for rows_q, _, q_b, k_b, v_b in sequences_with_keys(inputs):  # others: out 0, lse -inf
         T = rows_q.stop - rows_q.start
-        if T == 0 or rows_k.stop == rows_k.start:
-            continue  # no queries, or nothing to attend to: out 0, lse -inf
         out_b, lse_b = flash_attention(q_b, k_b, v_b, is_causal=inputs.is_causal,
                                        scale=inputs.scale, block_q=block_q, block_k=block_k,
                                        return_lse=True, window=inputs.window_pair,

@@ -25,10 +25,11 @@ from .flash_parts import LSE_DTYPE, as_forward
 from .varlen_layout import (
     check_group_scores,
     check_varlen_inputs,
+    group_views,
     grouped_view,
-    length_groups,
+    packed_groups,
     sequence_allowed,
-    sequence_views,
+    sequences_with_keys,
 )
 
 __all__ = [
@@ -90,16 +91,13 @@ def varlen_attention_backward(
     H, Hkv, Dv = inputs.num_heads, inputs.num_kv_heads, v_arr.shape[2]
     dout_arr = check_upstream(dout, (q_arr.shape[0], H, Dv), "(total_q, H, Dv)", q_arr.dtype)
     dq, dk, dv = np.zeros_like(q_arr), np.zeros_like(k_arr), np.zeros_like(v_arr)
-    for (T, S), members in length_groups(cu_q, cu_k).items():
-        if T == 0 or S == 0:
+    for T, S, rows_q, rows_k in packed_groups(cu_q, cu_k):
+        if S == 0:
             continue  # no weights, no gradient
-        n = len(members)
-        rows_q = cu_q[members][:, None] + np.arange(T)  # (n, T)
-        rows_k = cu_k[members][:, None] + np.arange(S)  # (n, S)
-        q_g = grouped_view(q_arr[rows_q], Hkv)  # (n, Hkv, G, T, D)
+        n = len(rows_q)
+        # q_g (n, Hkv, G, T, D); k_g, v_g (n, Hkv, 1, S, ·): key/value heads not copied
+        q_g, k_g, v_g = group_views(q_arr, k_arr, v_arr, rows_q, rows_k)
         dout_g = grouped_view(dout_arr[rows_q], Hkv)  # (n, Hkv, G, T, Dv)
-        k_g = k_arr[rows_k].transpose(0, 2, 1, 3)[:, :, None]  # (n, Hkv, 1, S, D)
-        v_g = v_arr[rows_k].transpose(0, 2, 1, 3)[:, :, None]  # (n, Hkv, 1, S, Dv)
         allowed = sequence_allowed(T, S, inputs.is_causal, inputs.window)  # (T, S)
         _, weights = attend(q_g, k_g, v_g, allowed, None, inputs.scale,
                             softcap=inputs.softcap)  # (n, Hkv, G, T, S)
@@ -164,11 +162,8 @@ def flash_varlen_attention_backward(
     dsinks = np.zeros(H, dtype=LSE_DTYPE)  # (H,)
     Hkv = inputs.num_kv_heads
     G = H // Hkv
-    for b in range(inputs.cu_seqlens_q.size - 1):
-        rows_q, rows_k, q_b, k_b, v_b = sequence_views(inputs, b)
+    for rows_q, rows_k, q_b, k_b, v_b in sequences_with_keys(inputs):  # others: no gradient
         T = rows_q.stop - rows_q.start
-        if T == 0 or rows_k.stop == rows_k.start:
-            continue
         out_b = grouped_view(out_arr[None, rows_q], Hkv)[0]  # (Hkv, G, T, Dv)
         dout_b = grouped_view(dout_arr[None, rows_q], Hkv)[0]  # (Hkv, G, T, Dv)
         lse_b = lse_arr[:, rows_q].reshape(Hkv, H // Hkv, T)  # (Hkv, G, T)

@@ -20,7 +20,7 @@ The NumPy-free checks (:func:`check_sequences`, :func:`check_varlen_shapes`,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,10 +52,12 @@ __all__ = [
     "check_varlen_inputs",
     "check_varlen_shapes",
     "cu_seqlens_from_lengths",
+    "group_views",
     "grouped_view",
     "length_groups",
+    "packed_groups",
     "sequence_allowed",
-    "sequence_views",
+    "sequences_with_keys",
 ]
 
 
@@ -231,6 +233,19 @@ def length_groups(cu_q: np.ndarray, cu_k: np.ndarray) -> dict[tuple[int, int], n
     return {lengths: np.asarray(members) for lengths, members in groups.items()}
 
 
+def packed_groups(
+    cu_q: np.ndarray, cu_k: np.ndarray
+) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """The groups of :func:`length_groups` that have queries (T_b > 0), each as T, S and
+    the packed rows of its n sequences: rows_q (n, T), rows_k (n, S)."""
+    for (T, S), members in length_groups(cu_q, cu_k).items():
+        if T == 0:
+            continue  # no queries: nothing to compute, no row to write
+        rows_q = cu_q[members][:, None] + np.arange(T)  # (n, T) packed row indices
+        rows_k = cu_k[members][:, None] + np.arange(S)  # (n, S)
+        yield T, S, rows_q, rows_k
+
+
 def sequence_allowed(
     T: int, S: int, is_causal: bool, window: tuple[int | None, int | None] | None
 ) -> np.ndarray | None:  # -> (T, S) or None
@@ -247,6 +262,17 @@ def grouped_view(arr: np.ndarray, Hkv: int) -> np.ndarray:
     return arr.reshape(n, L, Hkv, H // Hkv, width).transpose(0, 2, 3, 1, 4)
 
 
+def group_views(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, rows_q: np.ndarray, rows_k: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The n sequences of one :func:`packed_groups` group as batched arrays: q
+    (n, Hkv, G, T, D), k (n, Hkv, 1, S, D), v (n, Hkv, 1, S, Dv), key/value heads not copied."""
+    q_g = grouped_view(q[rows_q], k.shape[1])  # (n, Hkv, G, T, D)
+    k_g = k[rows_k].transpose(0, 2, 1, 3)[:, :, None]  # (n, Hkv, 1, S, D)
+    v_g = v[rows_k].transpose(0, 2, 1, 3)[:, :, None]  # (n, Hkv, 1, S, Dv)
+    return q_g, k_g, v_g
+
+
 def check_group_scores(inputs: VarlenInputs) -> None:
     """Refuse a group of equal-length sequences whose scores would exceed attnlab's limit."""
     H = inputs.num_heads
@@ -256,13 +282,18 @@ def check_group_scores(inputs: VarlenInputs) -> None:
                     f"T = {T}, S = {S} (n, H, T, S)", "cu_seqlens_q")
 
 
-def sequence_views(
-    inputs: VarlenInputs, b: int
-) -> tuple[slice, slice, np.ndarray, np.ndarray, np.ndarray]:
-    """Sequence b's rows and its q (Hkv, G, T, D), k (Hkv, 1, S, D), v (Hkv, 1, S, Dv) views."""
-    rows_q = slice(int(inputs.cu_seqlens_q[b]), int(inputs.cu_seqlens_q[b + 1]))
-    rows_k = slice(int(inputs.cu_seqlens_k[b]), int(inputs.cu_seqlens_k[b + 1]))
-    q_b = grouped_view(inputs.q[None, rows_q], inputs.num_kv_heads)[0]  # (Hkv, G, T, D)
-    k_b = inputs.k[rows_k].transpose(1, 0, 2)[:, None]  # (Hkv, 1, S, D)
-    v_b = inputs.v[rows_k].transpose(1, 0, 2)[:, None]  # (Hkv, 1, S, Dv)
-    return rows_q, rows_k, q_b, k_b, v_b
+def sequences_with_keys(
+    inputs: VarlenInputs,
+) -> Iterator[tuple[slice, slice, np.ndarray, np.ndarray, np.ndarray]]:
+    """Each sequence with queries and keys (the others have nothing to attend to, so
+    no output and no gradient): its rows and its q (Hkv, G, T, D), k (Hkv, 1, S, D),
+    v (Hkv, 1, S, Dv) views."""
+    for b in range(inputs.cu_seqlens_q.size - 1):
+        rows_q = slice(int(inputs.cu_seqlens_q[b]), int(inputs.cu_seqlens_q[b + 1]))
+        rows_k = slice(int(inputs.cu_seqlens_k[b]), int(inputs.cu_seqlens_k[b + 1]))
+        if rows_q.stop == rows_q.start or rows_k.stop == rows_k.start:
+            continue
+        q_b = grouped_view(inputs.q[None, rows_q], inputs.num_kv_heads)[0]  # (Hkv, G, T, D)
+        k_b = inputs.k[rows_k].transpose(1, 0, 2)[:, None]  # (Hkv, 1, S, D)
+        v_b = inputs.v[rows_k].transpose(1, 0, 2)[:, None]  # (Hkv, 1, S, Dv)
+        yield rows_q, rows_k, q_b, k_b, v_b
