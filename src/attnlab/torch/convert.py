@@ -104,7 +104,8 @@ def to_torch_multihead(mha: MultiHeadAttention) -> nn.MultiheadAttention:
     if problems:
         raise AttnlabError(
             "mha: expected Hkv = H, Dv = D, H*D = E = d_out, all biases or none, no "
-            f"RoPE/ALiBi and the default scale (what nn.MultiheadAttention can express), got {'; '.join(problems)}"
+            "RoPE/ALiBi and the default scale (what nn.MultiheadAttention can express), "
+            f"got {'; '.join(problems)}"
         )
     weight = mha.q_proj.weight
     target = nn.MultiheadAttention(
