@@ -64,6 +64,7 @@ from .kernel_options import (
 )
 from .masked_softmax import softmax_with_lse, stable_softmax
 from .masks import band_mask
+from .messages import msg
 from .shapes import (
     Band,
     attention_band,
@@ -103,7 +104,7 @@ __all__ = [
 MAX_SCORE_ELEMENTS = MAX_ELEMENTS
 
 #: What the refusal of a too large score matrix advises.
-PLAIN_PATH_HINT = "attnlab.flash_attention computes this tile by tile in O(T + S) memory"
+PLAIN_PATH_HINT = msg("shape.hint_flash")
 
 
 @dataclass(frozen=True)

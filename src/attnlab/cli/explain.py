@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from ..lens.explain import FORMER_SPLITS, SPLITS
-from ..messages import msg
+from ..messages import msg, render
 from .args import CliError, parse_matrix, prepare_out_dir, text_argument
 
 #: explain prints every matrix; past this many numbers the text is unreadable and
@@ -109,9 +109,8 @@ def run(args: argparse.Namespace) -> int:
         print(to_text(trace, args.lang, precision=args.precision))
     if out_dir is not None:
         written = save(trace, out_dir, lang=args.lang)
-        label = "已写入" if args.lang == "zh" else "wrote"
         for path in written:
-            print(f"{label} {path}", file=sys.stderr)
+            print(render("cli.wrote", args.lang, path=path), file=sys.stderr)
     return 0
 
 

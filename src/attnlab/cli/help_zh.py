@@ -78,6 +78,7 @@ HELP_ZH: dict[tuple[str, str], str] = {
     ("inspect", "--model"): "一个 Hugging Face 模型文件夹（或能连上 Hub 时的模型名），编码器或解码器都可以，使用它自己的分词器；BERT 文件夹用 attnlab 自己的注意力运行，其他模型通过 transformers 在 attnlab 注册的注意力上运行，从其钩子点读取（默认：随包提供的 MiniLM）",
     ("inspect", "--pair"): "第二个句子（句子 B），与 TEXT 作为一个句子对运行（[CLS] A [SEP] B [SEP]，词元类型先 0 后 1）；Hugging Face 模型的页面上会有 A/B 过滤",
     ("inspect", "--generate"): "仅限解码器：在 TEXT 之后贪心生成 N 个词元；页面把提示词与生成的词元区分开，并有一个随 KV 缓存增长的步骤滑块",
+    ("inspect", "--ablation"): "另外把每个头单独置零，在页面的头表格中显示输出改变多少（||y_消融 - y|| / ||y||）；每个头多运行一次（通过 transformers 和 attnlab 的钩子点）",
     ("inspect", "--trust-remote-code"): "允许 transformers 运行模型文件夹里附带的代码（默认从不运行）",
     ("inspect", "--out"): "输出文件夹（默认 attnlab-inspect/）",
     ("inspect", "--find"): "列出从词元 A 到词元 B 权重最大的头，例如 “it->animal”（默认文本自带一个）",

@@ -211,9 +211,8 @@ def run(args: argparse.Namespace) -> int:
     written.append(path)
 
     print(_summary(metrics, zh))
-    label = "已写入" if zh else "wrote"
     for item in written:
-        print(f"{label} {item}", file=sys.stderr)
+        print(render("cli.wrote", args.lang, path=item), file=sys.stderr)
     return 0
 
 
@@ -319,5 +318,5 @@ def _run_study(args: argparse.Namespace, out: Any) -> int:
     path.write_text(json.dumps(results, ensure_ascii=False, indent=2, allow_nan=False) + "\n",
                     encoding="utf-8")
     print(study_table(results, args.lang))
-    print(f"{'已写入' if zh else 'wrote'} {path}", file=sys.stderr)
+    print(render("cli.wrote", args.lang, path=path), file=sys.stderr)
     return 0

@@ -50,9 +50,10 @@ Inputs are cast to the cache's dtype, as writing into a preallocated array
 does. float16 and bfloat16 (``dtype="bfloat16"``, through ml_dtypes) store keys
 and values in half the memory; attention is then computed in float32
 (:attr:`compute_dtype`) and returned in float32. The bookkeeping (lengths,
-doubling, the ring of W slots, left padding, the checks and their messages) is
-:mod:`attnlab.fast.cache_book`, shared with the torch twins; this module holds
-the NumPy array operations, and the attention is :func:`attnlab.kernel.attend`.
+doubling, left padding, the checks and their messages in
+:mod:`attnlab.fast.cache_book`; the ring of W slots in :mod:`attnlab.fast.ring_book`)
+is shared with the torch twins; this module holds the NumPy array operations,
+and the attention is :func:`attnlab.kernel.attend`.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ import numpy as np
 from ..errors import AttnlabError, as_bool_mask, as_float_array, check_alloc, missing_extra
 from ..kernel import abs_max, attend, check_score_range, check_sinks
 from ..masks import causal_mask, window_mask
-from .cache_book import CacheBook, GrowingBook, RingBook
+from .cache_book import CacheBook, GrowingBook
+from .ring_book import RingBook
 
 __all__ = [
     "KVCache",
@@ -159,7 +161,8 @@ def _grouped_attention(
 
 
 class _NumpyArrays(CacheBook[np.ndarray]):
-    """The NumPy array operations of the caches; the bookkeeping is :mod:`.cache_book`."""
+    """The NumPy array operations of the caches; the bookkeeping is :mod:`.cache_book`'s
+    and :mod:`.ring_book`'s."""
 
     def _set_dtype(self, dtype: Any, device: Any) -> None:
         self.dtype = storage_dtype(dtype)

@@ -47,28 +47,28 @@ def check_head_layout(
         raise AttnlabError(f"num_kv_heads: expected a divisor of num_heads = {H}, got {Hkv}")
     Wq, Wk, Wv, Wo = (_matrix(w, name) for w, name in
                       ((Wq, "Wq"), (Wk, "Wk"), (Wv, "Wv"), (Wo, "Wo")))
-    if Wq.shape[1] % H:
-        raise ShapeError(
-            f"Wq: expected (E, H*D) with H = {H} dividing its width, "
-            f"got {shape_str(Wq.shape)}"
-        )
-    D = Wq.shape[1] // H
+    D = _head_width(Wq, "Wq", "(E, H*D)", "H", H)
     if Wk.shape[1] != Hkv * D:
         raise ShapeError(
             f"Wk: expected (Ekv, Hkv*D) = (Ekv, {Hkv * D}) for Hkv = {Hkv}, D = {D}, "
             f"got {shape_str(Wk.shape)}"
         )
-    if Wv.shape[1] % Hkv:
-        raise ShapeError(
-            f"Wv: expected (Ekv, Hkv*Dv) with Hkv = {Hkv} dividing its width, "
-            f"got {shape_str(Wv.shape)}"
-        )
-    Dv = Wv.shape[1] // Hkv
+    Dv = _head_width(Wv, "Wv", "(Ekv, Hkv*Dv)", "Hkv", Hkv)
     if Wo.shape[0] != H * Dv:
         raise ShapeError(
             f"Wo: expected (H*Dv, E_out) = ({H * Dv}, E_out), got {shape_str(Wo.shape)}"
         )
     return HeadLayout(Wq, Wk, Wv, Wo, H, Hkv, D, Dv)
+
+
+def _head_width(w: np.ndarray, name: str, layout: str, heads_name: str, heads: int) -> int:
+    """The width of one head of ``w`` (in, heads*dim), refused unless the heads divide it."""
+    if w.shape[1] % heads:
+        raise ShapeError(
+            f"{name}: expected {layout} with {heads_name} = {heads} dividing its width, "
+            f"got {shape_str(w.shape)}"
+        )
+    return w.shape[1] // heads
 
 
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:

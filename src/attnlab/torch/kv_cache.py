@@ -4,9 +4,9 @@ Dimension legend: B batch, H query heads, Hkv key/value heads (H a multiple of
 Hkv), T new tokens, S keys attended to, D head dim, Dv value head dim, W window.
 
 Same semantics as the NumPy twins, tested against them, and the same
-bookkeeping, written once (:mod:`attnlab.fast.cache_book`: lengths, slots, left
-padding, the checks and their messages); this module holds the torch array
-operations:
+bookkeeping, written once (:mod:`attnlab.fast.cache_book`: lengths, doubling,
+left padding, the checks and their messages; :mod:`attnlab.fast.ring_book`: the
+ring of W slots); this module holds the torch array operations:
 
 - :class:`KVCache`: appends keys (B, Hkv, T, D) and values (B, Hkv, T, Dv);
   ``attend(q, k, v)`` appends, then attends from the T new queries (positions
@@ -43,7 +43,8 @@ from typing import Any, cast
 import torch
 
 from ..errors import AttnlabError, check_alloc
-from ..fast.cache_book import CacheBook, GrowingBook, RingBook
+from ..fast.cache_book import CacheBook, GrowingBook
+from ..fast.ring_book import RingBook
 from . import debug
 from .checks import as_bool_tensor, as_float_tensor, check_sinks_tensor
 from .gqa import repeat_kv
@@ -83,7 +84,7 @@ def _grouped_attention(
 
 class _TorchArrays(CacheBook[torch.Tensor]):
     """The torch array operations of the caches; the bookkeeping is
-    :mod:`attnlab.fast.cache_book`."""
+    :mod:`attnlab.fast.cache_book`'s and :mod:`attnlab.fast.ring_book`'s."""
 
     def _set_dtype(self, dtype: Any, device: Any) -> None:
         if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
