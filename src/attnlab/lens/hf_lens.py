@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError
+from ..messages import msg
 
 __all__ = ["ablate_heads", "ablation_effects", "direct_logit_attribution", "final_norm_and_unembed",
            "head_importance", "logit_lens", "patch", "patch_sweep", "path_patch",
@@ -342,8 +343,7 @@ def final_norm_and_unembed(model: Any) -> tuple[Any, Any]:
             break
     unembed = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if norm is None or unembed is None:
-        raise AttnlabError(f"model: {type(model).__name__} has no final norm and unembedding "
-                           "that the logit lens knows (a causal language model is needed)")
+        raise AttnlabError(msg("hf.lens_no_unembed", model=type(model).__name__))
     return norm, unembed
 
 
@@ -407,9 +407,7 @@ def direct_logit_attribution(model: Any, *, token: int | None = None, position: 
         bias = getattr(norm, "bias", None)
         frozen = centred * scale * gain + (bias if bias is not None else 0.0)
         if not torch.allclose(frozen, norm(x[None])[0], rtol=1e-4, atol=1e-5):
-            raise AttnlabError(f"model: the final norm {type(norm).__name__} is neither a "
-                               "LayerNorm nor an RMSNorm of the form weight · x / rms(x): "
-                               "cannot freeze its scale")
+            raise AttnlabError(msg("hf.dla_norm", norm=type(norm).__name__))
         direction = gain * scale * unembed.weight[token]  # (E,)
         scores = np.empty((L, H))
         for layer, attention in enumerate(attention_modules(model)):
