@@ -51,11 +51,23 @@ def check_kv_pair(k: Any, v: Any) -> None:
 
 
 class TwinArrays(ABC, Generic[A]):
-    """What each twin of a cache supplies about its arrays: the dtypes, the conversions
-    of its inputs, their device, their size (also :class:`attnlab.fast.paged_book.PagedBook`'s)."""
+    """The head sizes of a cache, and what each twin supplies about its arrays: the dtypes,
+    the conversions of its inputs, their device, their size (also
+    :class:`attnlab.fast.paged_book.PagedBook`'s)."""
 
     dtype: Any  # the storage dtype, set by _set_dtype
     compute_dtype: Any
+
+    def _set_heads(self, num_kv_heads: int, head_dim: int, value_head_dim: int | None,
+                   dtype: Any, device: Any) -> None:
+        """Check and set the head sizes (Dv = D unless given), then the dtypes and device."""
+        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        self.head_dim = check_positive_int(head_dim, "head_dim")
+        self.value_head_dim = (
+            self.head_dim if value_head_dim is None
+            else check_positive_int(value_head_dim, "value_head_dim")
+        )
+        self._set_dtype(dtype, device)
 
     @abstractmethod
     def _set_dtype(self, dtype: Any, device: Any) -> None:
@@ -96,13 +108,7 @@ class CacheBook(TwinArrays[A]):
     def __init__(self, batch: int, num_kv_heads: int, head_dim: int,
                  value_head_dim: int | None, dtype: Any, device: Any) -> None:
         self.batch = check_positive_int(batch, "batch")
-        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
-        self.head_dim = check_positive_int(head_dim, "head_dim")
-        self.value_head_dim = (
-            self.head_dim if value_head_dim is None
-            else check_positive_int(value_head_dim, "value_head_dim")
-        )
-        self._set_dtype(dtype, device)
+        self._set_heads(num_kv_heads, head_dim, value_head_dim, dtype, device)
         self._length = 0
 
     # ---- what each twin writes: its array operations (A = its array type) ------------

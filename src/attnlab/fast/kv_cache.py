@@ -65,11 +65,12 @@ import numpy as np
 from ..errors import AttnlabError, as_bool_mask, as_float_array, check_alloc, missing_extra
 from ..kernel import abs_max, attend, check_score_range, check_sinks
 from ..masks import causal_mask, window_mask
-from .cache_book import CacheBook, GrowingBook
+from .cache_book import CacheBook, GrowingBook, TwinArrays
 from .ring_book import RingBook
 
 __all__ = [
     "KVCache",
+    "NumpyTwinArrays",
     "STORAGE_DTYPES",
     "SlidingWindowKVCache",
     "cast_checked",
@@ -160,9 +161,9 @@ def _grouped_attention(
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
-class _NumpyArrays(CacheBook[np.ndarray]):
-    """The NumPy array operations of the caches; the bookkeeping is :mod:`.cache_book`'s
-    and :mod:`.ring_book`'s."""
+class NumpyTwinArrays(TwinArrays[np.ndarray]):
+    """What every NumPy cache (these and :class:`attnlab.PagedKVCache`) does alike with
+    its arrays: the dtypes, the conversion of inputs, the size."""
 
     def _set_dtype(self, dtype: Any, device: Any) -> None:
         self.dtype = storage_dtype(dtype)
@@ -172,11 +173,19 @@ class _NumpyArrays(CacheBook[np.ndarray]):
     def _as_float(self, x: Any, name: str) -> np.ndarray:
         return as_float_array(x, name)
 
-    def _as_bool(self, x: Any, name: str) -> np.ndarray:
-        return as_bool_mask(x, name)
-
     def _to_storage(self, x: np.ndarray, name: str) -> np.ndarray:
         return cast_checked(x, self.dtype, name, "the cache's dtype")
+
+    def _nbytes(self, x: np.ndarray) -> int:
+        return int(x.nbytes)
+
+
+class _NumpyArrays(CacheBook[np.ndarray], NumpyTwinArrays):
+    """The NumPy array operations of the caches; the bookkeeping is :mod:`.cache_book`'s
+    and :mod:`.ring_book`'s."""
+
+    def _as_bool(self, x: Any, name: str) -> np.ndarray:
+        return as_bool_mask(x, name)
 
     def _to_compute(self, q: np.ndarray, name: str) -> np.ndarray:
         return cast_checked(q, self.compute_dtype, name, "the cache's dtype")
@@ -217,9 +226,6 @@ class _NumpyArrays(CacheBook[np.ndarray]):
 
     def _row_sums(self, real: np.ndarray) -> np.ndarray:
         return real.sum(axis=1, dtype=np.int64)
-
-    def _nbytes(self, x: np.ndarray) -> int:
-        return int(x.nbytes)
 
     def _causal(self, T: int, S: int) -> np.ndarray:
         return causal_mask(T, S)

@@ -126,13 +126,7 @@ class PagedBook(TwinArrays[A]):
                  value_head_dim: int | None, dtype: Any, device: Any) -> None:
         self.num_blocks = check_positive_int(num_blocks, "num_blocks")
         self.block_size = check_positive_int(block_size, "block_size")
-        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
-        self.head_dim = check_positive_int(head_dim, "head_dim")
-        self.value_head_dim = (
-            self.head_dim if value_head_dim is None
-            else check_positive_int(value_head_dim, "value_head_dim")
-        )
-        self._set_dtype(dtype, device)
+        self._set_heads(num_kv_heads, head_dim, value_head_dim, dtype, device)
         for width in (self.head_dim, self.value_head_dim):
             check_alloc((self.num_blocks, self.num_kv_heads, self.block_size, width), self.dtype,
                         "the block pool (N, Hkv, P, D)", "num_blocks")

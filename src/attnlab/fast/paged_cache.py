@@ -34,7 +34,8 @@ Keys and values are stored in the cache's dtype (float16 and bfloat16 store
 in half the memory and compute in float32, as :class:`attnlab.KVCache`). The
 bookkeeping (the free list, the block tables, the slot of each position, the
 checks and their messages) is :mod:`attnlab.fast.paged_book`, shared with the
-torch twin; this module holds the NumPy array operations.
+torch twin; this module holds the NumPy array operations (those every NumPy
+cache shares are :class:`attnlab.fast.kv_cache.NumpyTwinArrays`).
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import as_float_array, check_alloc
+from ..errors import check_alloc
 from ..kernel import abs_max, attend, check_score_range
-from .kv_cache import cast_checked, compute_dtype_of, storage_dtype
+from .kv_cache import NumpyTwinArrays, cast_checked
 from .paged_book import BlockAllocator, PagedBook, check_sequence_ids
 
 __all__ = ["BlockAllocator", "PagedKVCache", "check_sequence_ids", "paged_allowed"]
@@ -76,7 +77,7 @@ def paged_allowed(lengths: np.ndarray, T: int, S: int, is_causal: bool) -> np.nd
     return np.broadcast_to(allowed, (len(lengths), T, S))  # (B, T, S)
 
 
-class PagedKVCache(PagedBook[np.ndarray]):
+class PagedKVCache(PagedBook[np.ndarray], NumpyTwinArrays):
     """Keys and values of many sequences in one pool of fixed-size blocks, with block tables.
 
     Shapes: a pool of keys (N, Hkv, P, D) and values (N, Hkv, P, Dv); per
@@ -115,17 +116,6 @@ class PagedKVCache(PagedBook[np.ndarray]):
         super().__init__(num_blocks, block_size, num_kv_heads, head_dim, value_head_dim,
                          dtype, None)
 
-    def _set_dtype(self, dtype: Any, device: Any) -> None:
-        self.dtype = storage_dtype(dtype)
-        #: The dtype attention is computed in: float32 for float16 / bfloat16 storage.
-        self.compute_dtype = compute_dtype_of(self.dtype)
-
-    def _as_float(self, x: Any, name: str) -> np.ndarray:
-        return as_float_array(x, name)
-
-    def _to_storage(self, x: np.ndarray, name: str) -> np.ndarray:
-        return cast_checked(x, self.dtype, name, "the cache's dtype")
-
     def _to_compute(self, q: np.ndarray, name: str) -> np.ndarray:
         return cast_checked(q, self.compute_dtype, name, "the cache's compute dtype")
 
@@ -141,9 +131,6 @@ class PagedKVCache(PagedBook[np.ndarray]):
 
     def _index_array(self, blocks: list[int]) -> np.ndarray:
         return np.array(blocks, dtype=np.int64)
-
-    def _nbytes(self, x: np.ndarray) -> int:
-        return int(x.nbytes)
 
     def _write(self, ids: list[int], k: Any, v: Any) -> None:
         super()._write(ids, k, v)

@@ -43,7 +43,7 @@ from typing import Any, cast
 import torch
 
 from ..errors import AttnlabError, check_alloc
-from ..fast.cache_book import CacheBook, GrowingBook
+from ..fast.cache_book import CacheBook, GrowingBook, TwinArrays
 from ..fast.ring_book import RingBook
 from . import debug
 from .checks import as_bool_tensor, as_float_tensor, check_sinks_tensor
@@ -51,7 +51,7 @@ from .gqa import repeat_kv
 from .kernel import attend, causal_allowed
 from .masks import window_mask
 
-__all__ = ["KVCache", "SlidingWindowKVCache"]
+__all__ = ["KVCache", "SlidingWindowKVCache", "TorchTwinArrays"]
 
 
 def _grouped_attention(
@@ -82,9 +82,10 @@ def _grouped_attention(
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
-class _TorchArrays(CacheBook[torch.Tensor]):
-    """The torch array operations of the caches; the bookkeeping is
-    :mod:`attnlab.fast.cache_book`'s and :mod:`attnlab.fast.ring_book`'s."""
+class TorchTwinArrays(TwinArrays[torch.Tensor]):
+    """What every torch cache (these and :class:`attnlab.torch.PagedKVCache`) does alike
+    with its tensors: the dtypes and device, the conversion of inputs and their checks,
+    the size."""
 
     def _set_dtype(self, dtype: Any, device: Any) -> None:
         if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
@@ -99,9 +100,6 @@ class _TorchArrays(CacheBook[torch.Tensor]):
     def _as_float(self, x: Any, name: str) -> torch.Tensor:
         return as_float_tensor(x, name)
 
-    def _as_bool(self, x: Any, name: str) -> torch.Tensor:
-        return as_bool_tensor(x, name)
-
     def _check_placed(self, x: torch.Tensor, name: str) -> None:
         if x.device != self.device:
             raise AttnlabError(
@@ -111,6 +109,20 @@ class _TorchArrays(CacheBook[torch.Tensor]):
     def _check_finite(self, named: list[tuple[str, torch.Tensor]]) -> None:
         if debug.debug_checks_enabled():
             debug.check_finite(named)
+
+    def _nbytes(self, x: torch.Tensor) -> int:
+        return x.numel() * x.element_size()
+
+    def _repr_tail(self) -> str:
+        return f", device={self.device}"
+
+
+class _TorchArrays(CacheBook[torch.Tensor], TorchTwinArrays):
+    """The torch array operations of the caches; the bookkeeping is
+    :mod:`attnlab.fast.cache_book`'s and :mod:`attnlab.fast.ring_book`'s."""
+
+    def _as_bool(self, x: Any, name: str) -> torch.Tensor:
+        return as_bool_tensor(x, name)
 
     def _to_storage(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """``x`` detached, in the cache's dtype; under debug_checks, refused if a narrowing
@@ -164,9 +176,6 @@ class _TorchArrays(CacheBook[torch.Tensor]):
     def _row_sums(self, real: torch.Tensor) -> torch.Tensor:
         return real.sum(dim=1)
 
-    def _nbytes(self, x: torch.Tensor) -> int:
-        return x.numel() * x.element_size()
-
     def _causal(self, T: int, S: int) -> torch.Tensor:
         return causal_allowed(T, S, self.device)
 
@@ -177,9 +186,6 @@ class _TorchArrays(CacheBook[torch.Tensor]):
                  allowed: torch.Tensor | None, scale: float, softcap: float | None,
                  sinks: Any) -> torch.Tensor:
         return _grouped_attention(q, keys, values, allowed, scale, softcap, sinks)
-
-    def _repr_tail(self) -> str:
-        return f", device={self.device}"
 
 
 class KVCache(GrowingBook[torch.Tensor], _TorchArrays):

@@ -11,7 +11,9 @@ of each position, the checks and their messages) is the NumPy twin's, written
 once (:class:`~attnlab.fast.paged_book.PagedBook`), and so is the mask of each
 sequence's keys (:func:`~attnlab.fast.paged_cache.paged_allowed`): both hand out
 the same blocks in the same order. This module holds the torch array
-operations; attention is :func:`attnlab.torch.kernel.attend`.
+operations (those every torch cache shares, the dtypes, device and input
+conversions, are :class:`~attnlab.torch.kv_cache.TorchTwinArrays`); attention is
+:func:`attnlab.torch.kernel.attend`.
 
 As the other torch caches, keys and values are stored detached: for inference.
 
@@ -33,17 +35,16 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from ..errors import AttnlabError, check_alloc
+from ..errors import check_alloc
 from ..fast.paged_book import PagedBook
 from ..fast.paged_cache import owned_slots, paged_allowed
-from . import debug
-from .checks import as_float_tensor
 from .kernel import attend
+from .kv_cache import TorchTwinArrays
 
 __all__ = ["PagedKVCache"]
 
 
-class PagedKVCache(PagedBook[torch.Tensor]):
+class PagedKVCache(PagedBook[torch.Tensor], TorchTwinArrays):
     """Keys and values of many sequences in one pool of fixed-size blocks, with block tables;
     behaves identically to :class:`attnlab.PagedKVCache`.
 
@@ -68,27 +69,6 @@ class PagedKVCache(PagedBook[torch.Tensor]):
         super().__init__(num_blocks, block_size, num_kv_heads, head_dim, value_head_dim,
                          dtype, device)
 
-    def _set_dtype(self, dtype: Any, device: Any) -> None:
-        if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-            raise AttnlabError(f"dtype: expected a torch float dtype, got {dtype!r}")
-        self.dtype: torch.dtype = dtype
-        #: The dtype attention is computed in: float32 for float16 / bfloat16 storage.
-        self.compute_dtype: torch.dtype = (
-            torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
-        self.device = torch.device("cpu") if device is None else torch.device(device)
-
-    def _as_float(self, x: Any, name: str) -> torch.Tensor:
-        return as_float_tensor(x, name)
-
-    def _check_placed(self, x: torch.Tensor, name: str) -> None:
-        if x.device != self.device:
-            raise AttnlabError(f"{name}: expected a tensor on the cache's device "
-                               f"{self.device}, got {x.device}")
-
-    def _check_finite(self, named: list[tuple[str, torch.Tensor]]) -> None:
-        if debug.debug_checks_enabled():
-            debug.check_finite(named)
-
     def _to_storage(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return x.detach().to(self.dtype)
 
@@ -104,9 +84,6 @@ class PagedKVCache(PagedBook[torch.Tensor]):
 
     def _index_array(self, blocks: list[int]) -> torch.Tensor:
         return torch.tensor(blocks, dtype=torch.int64)
-
-    def _nbytes(self, x: torch.Tensor) -> int:
-        return x.numel() * x.element_size()
 
     def _gather_blocks(self, pool: torch.Tensor, tables: list[list[int]],
                        lengths: Sequence[int], S: int, stored: bool) -> torch.Tensor:
@@ -126,6 +103,3 @@ class PagedKVCache(PagedBook[torch.Tensor]):
         allowed = torch.from_numpy(paged_allowed(np.asarray(lengths, dtype=np.int64), T, S,
                                                  is_causal).copy()).to(self.device)  # (B, T, S)
         return cast(torch.Tensor, attend(q, keys, values, allowed[:, None, None], None, scale))
-
-    def _repr_tail(self) -> str:
-        return f", device={self.device}"
