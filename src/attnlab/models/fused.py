@@ -27,7 +27,7 @@ __all__ = ["fusable", "fused_encoder", "fused_encoder_packed", "softmax_by_block
 
 def fusable(block: EncoderBlock) -> bool:
     """Whether :func:`fused_encoder` computes exactly this block (as BertModel builds them):
-    post-LN, exact GELU, float32, no RoPE / ALiBi / GQA, dropout off, and the
+    post-LN, exact GELU, float32, no RoPE / ALiBi / GQA / own scale, dropout off, and the
     :class:`EncoderBlock` forward itself (a subclass that changes it computes something
     else). Hook points are not here: :class:`attnlab.models.BertModel` also leaves the
     fused path when a hook is attached, or when its ``fused`` option is False."""
@@ -38,7 +38,8 @@ def fusable(block: EncoderBlock) -> bool:
     return (isinstance(block, EncoderBlock) and type(block).forward is EncoderBlock.forward
             and block.norm == "post"
             and not (block.dropout.training and block.dropout.p > 0)
-            and attn.rope is None and not attn.alibi and attn.num_kv_heads == attn.num_heads
+            and attn.rope is None and not attn.alibi and attn.scale is None
+            and attn.num_kv_heads == attn.num_heads
             and attn.head_dim == attn.value_head_dim and ffn.activation == "gelu"
             and all(a is not None and a.dtype == np.float32 for a in arrays))
 

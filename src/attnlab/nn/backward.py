@@ -134,7 +134,8 @@ def mha_backward(
     group = H // Hkv
     q, k, v = mha.project(x_arr, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
     k_rep, v_rep = mha.expand_kv(k), mha.expand_kv(v)  # (B, H, S, D), (B, H, S, Dv)
-    checked = check_inputs(q, k_rep, v_rep, mask, bias=bias, is_causal=is_causal)
+    checked = check_inputs(q, k_rep, v_rep, mask, bias=bias, is_causal=is_causal,
+                           scale=mha.scale)
     q_arr, k_arr, v_arr, bias_arr, scale_value = (
         checked.q, checked.k, checked.v, checked.bias, checked.scale
     )

@@ -189,7 +189,7 @@ class DecoderBlock:
             positions = cache.next_positions(x.shape[-2])  # (T,) absolute
             q = mha.rope(q, positions)  # (B, H, T, D)
             k = mha.rope(k, positions)  # (B, Hkv, T, D)
-        heads = cache.attend(q, k, v)  # (B, H, T, Dv)
+        heads = cache.attend(q, k, v, scale=mha.scale)  # (B, H, T, Dv)
         h = x + linear(merge_heads(heads), mha.Wo, mha.bo)  # (B, T, E)
         return h + block.ffn(block.norm2(h))  # (B, T, E)
 

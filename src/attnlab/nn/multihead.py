@@ -11,7 +11,7 @@ context in cross-attention).
 Formula, for head h (with GQA, head h reads key/value head h // (H / Hkv))::
 
     Q_h = X Wq[:, h]       K_g = C Wk[:, g]      V_g = C Wv[:, g]
-    head_h = softmax(Q_h K_gᵀ / √D  [masked]) V_g
+    head_h = softmax(Q_h K_gᵀ · scale  [masked]) V_g     scale = 1/√D unless given
     out = concat(head_1, ..., head_H) Wo + bo
 
 Seed 000's ``multi_head_attention`` draws a fresh random Wq/Wk/Wv per head and
@@ -36,6 +36,7 @@ from ..errors import (
     check_broadcastable,
     check_flag,
     check_positive_int,
+    check_scale,
     shape_str,
 )
 from ..gqa import repeat_kv
@@ -72,6 +73,8 @@ class MultiHeadAttention:
                keys per head: keys at positions 0 .. S-1, queries at S-T .. S-1
                (bottom-right, as ``is_causal``), so T <= S is required
         alibi  add ``alibi_bias(H, T, S)`` to the scores (combine with ``is_causal``)
+        scale  the factor of the scores q·kᵀ before the softmax: None = 1/√D (the
+               paper's), a number = that factor (1.0: no scaling)
 
     Build random ones with :meth:`init`; build from arrays directly to check
     against another implementation.
@@ -102,6 +105,7 @@ class MultiHeadAttention:
     bo: np.ndarray | None = None
     rope: RotaryEmbedding | None = None
     alibi: bool = False
+    scale: float | None = None
     head_dim: int = field(init=False)
     value_head_dim: int = field(init=False)
     #: Set by :func:`attnlab.hooks.attached` while hooks are attached (see hook_points).
@@ -134,6 +138,7 @@ class MultiHeadAttention:
                     f"rope: expected head_dim {D} to match Wq's heads, got {self.rope.head_dim}"
                 )
         self.alibi = check_flag(self.alibi, "alibi")
+        self.scale = None if self.scale is None else check_scale(self.scale, D)
         self.bq, self.bk, self.bv, self.bo = (
             None if b is None else as_vector(b, name, w.shape[1])
             for b, name, w in ((self.bq, "bq", self.Wq), (self.bk, "bk", self.Wk),
@@ -157,6 +162,7 @@ class MultiHeadAttention:
         rope: bool = False,
         rope_base: float = 10000.0,
         alibi: bool = False,
+        scale: float | None = None,
     ) -> MultiHeadAttention:
         """Random parameters: Xavier/Glorot by default, zero biases.
 
@@ -167,7 +173,8 @@ class MultiHeadAttention:
         ``scheme`` is "xavier", "xavier_normal" or "normal" (the seeds' randn);
         ``v_gain`` < 1 scales Wv down (seed 001's "smaller scale for V").
         ``rope=True`` rotates queries and keys (RoPE, base ``rope_base``);
-        ``alibi=True`` adds ALiBi's per-head linear bias. ``use_bias=False``
+        ``alibi=True`` adds ALiBi's per-head linear bias; ``scale`` multiplies the
+        scores (None: 1/√head_dim). ``use_bias=False``
         leaves out bq, bk, bv and bo (``bias`` is always the additive score bias
         of a call, never a flag).
         """
@@ -208,7 +215,12 @@ class MultiHeadAttention:
             bq=zeros(H * D), bk=zeros(Hkv * D), bv=zeros(Hkv * D), bo=zeros(E),
             rope=RotaryEmbedding(D, base=rope_base) if rope else None,
             alibi=alibi,
+            scale=scale,
         )
+
+    def score_scale(self) -> float:
+        """The factor of the scores q·kᵀ: ``scale``, or 1/√D when it is None."""
+        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
 
     def parameters(self) -> dict[str, np.ndarray]:
         """Name -> array of every parameter that is set (biases may be None)."""
@@ -391,7 +403,7 @@ class MultiHeadAttention:
             slopes = alibi_bias(self.num_heads, T, S).astype(q.dtype)  # (H, T, S)
             bias = slopes if bias is None else slopes + bias  # (B, H, T, S)
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, H, S, D), (B, H, S, Dv)
-        scale = 1.0 / math.sqrt(self.head_dim)
+        scale = self.score_scale()
         if bias is not None:
             bias = bias.astype(q.dtype, copy=False)
         check_score_range(
@@ -439,8 +451,12 @@ class MultiHeadAttention:
             if recorder.wants("scores") or recorder.wants("scaled"):
                 scores = q @ np.swapaxes(k, -1, -2)  # (B, H, T, S)
                 recorder.add_heads("scores", scores, "scores = Q·Kᵀ")
-                recorder.add_heads("scaled", scores / np.sqrt(self.head_dim),
-                                   f"scaled = scores / √{self.head_dim}")
+                if self.scale is None:
+                    recorder.add_heads("scaled", scores / np.sqrt(self.head_dim),
+                                       f"scaled = scores / √{self.head_dim}")
+                else:
+                    recorder.add_heads("scaled", scores * self.scale,
+                                       f"scaled = scores × {self.scale:g}")
             recorder.add_heads("weights", weights, "weights = softmax(scaled + mask, axis=-1)")
 
         def output(heads: np.ndarray, name: str) -> None:
