@@ -41,12 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import (
-    MAX_ELEMENTS,
-    as_float_array,
-    check_flag,
-    check_scale,
-)
+from .checks import MAX_ELEMENTS, as_float_array, check_flag, check_scale
 from .gqa import check_gqa_heads, gqa_reduce, repeat_kv
 from .kernel_options import (
     abs_max,
@@ -100,7 +95,7 @@ __all__ = [
 
 #: The plain path refuses to build a score matrix with more elements than this
 #: (2**31 elements = 8 GiB in float32), instead of swapping the machine to death:
-#: attnlab's one size limit, :data:`attnlab.errors.MAX_ELEMENTS`.
+#: attnlab's one size limit, :data:`attnlab.checks.MAX_ELEMENTS`.
 MAX_SCORE_ELEMENTS = MAX_ELEMENTS
 
 #: What the refusal of a too large score matrix advises.

@@ -24,14 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from .errors import (
-    AttnlabError,
+from .checks import (
     as_bool_mask,
     as_float_array,
     check_broadcastable,
     check_flag,
     check_positive_int,
 )
+from .errors import AttnlabError
 from .masks import band_mask
 from .messages import msg
 from .shapes import Band, check_alibi_slopes_shape, check_sinks_shape

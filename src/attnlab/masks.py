@@ -22,16 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import (
-    AttnlabError,
-    ShapeError,
-    as_array,
-    as_bool_mask,
-    check_alloc,
-    check_flag,
-    check_positive_int,
-    shape_str,
-)
+from .checks import as_array, as_bool_mask, check_alloc, check_flag, check_positive_int, shape_str
+from .errors import AttnlabError, ShapeError
 from .shapes import Band, attention_band, check_causal_alignment, check_window_pair
 
 __all__ = [

@@ -23,9 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import (
-    AttnlabError,
-    ShapeError,
+from .checks import (
     as_array,
     as_float_array,
     check_alloc,
@@ -33,6 +31,7 @@ from .errors import (
     check_positive_int,
     shape_str,
 )
+from .errors import AttnlabError, ShapeError
 from .positional import as_input, check_base, float_dtype, input_with_width
 
 __all__ = [

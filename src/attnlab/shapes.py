@@ -16,14 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .errors import (
-    MAX_ELEMENTS,
-    AttnlabError,
-    ShapeError,
-    check_broadcastable,
-    check_positive_int,
-    shape_str,
-)
+from .checks import MAX_ELEMENTS, check_broadcastable, check_positive_int, shape_str
+from .errors import AttnlabError, ShapeError
 from .messages import Message, msg
 
 __all__ = [
@@ -114,7 +108,7 @@ def check_score_elements(
     score_shape: Shape, hint: str | Message, *, limit: int | None = None
 ) -> None:
     """Refuse a score matrix of more than ``limit`` (default
-    :data:`attnlab.errors.MAX_ELEMENTS`) elements before it is built; ``hint`` says what
+    :data:`attnlab.checks.MAX_ELEMENTS`) elements before it is built; ``hint`` says what
     to do instead."""
     limit = MAX_ELEMENTS if limit is None else limit
     n_scores = 1

@@ -35,7 +35,8 @@ import math
 
 import numpy as np
 
-from .errors import AttnlabError, shape_str
+from .checks import shape_str
+from .errors import AttnlabError
 
 __all__ = ["erf", "gelu_erf"]
 

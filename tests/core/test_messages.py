@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import attnlab
-from attnlab.errors import AttnlabError, check_finite, missing_extra
+from attnlab.checks import check_finite
+from attnlab.errors import AttnlabError, missing_extra
 from attnlab.messages import LANGS, MESSAGES, Message, msg, render, render_error
 
 SOURCE = Path(attnlab.__file__).parent

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from attnlab.errors import AttnlabError  # noqa: E402
+from attnlab.errors import AttnlabError
 from attnlab.models import (  # noqa: E402
     BertModel,
     ModelFileError,

@@ -26,7 +26,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
 
-from ..errors import AttnlabError, check_alloc, check_flag, check_positive_int, check_scale
+from ..checks import check_alloc, check_flag, check_positive_int, check_scale
+from ..errors import AttnlabError
 from ..kernel_options import check_softcap
 from ..shapes import (
     check_cache_query_shape,

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..backward import check_upstream, sum_to_shape
-from ..errors import check_alloc, check_positive_int
+from ..checks import check_alloc, check_positive_int
 from ..gqa import gqa_reduce
 from ..kernel import check_inputs, check_sinks
 from .flash_parts import (

@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnlabError, check_positive_int, check_scale
+from ..checks import check_positive_int, check_scale
+from ..errors import AttnlabError
 
 __all__ = ["FlashStep", "FlashWalk", "flash_walk"]
 

@@ -62,7 +62,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnlabError, as_bool_mask, as_float_array, check_alloc, missing_extra
+from ..checks import as_bool_mask, as_float_array, check_alloc
+from ..errors import AttnlabError, missing_extra
 from ..kernel import abs_max, attend, check_score_range, check_sinks
 from ..masks import causal_mask, window_mask
 from .cache_book import CacheBook, GrowingBook, TwinArrays

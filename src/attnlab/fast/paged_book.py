@@ -24,14 +24,8 @@ from collections.abc import Sequence
 from numbers import Integral
 from typing import Any, TypeVar
 
-from ..errors import (
-    AttnlabError,
-    check_alloc,
-    check_flag,
-    check_positive_int,
-    check_scale,
-    describe,
-)
+from ..checks import check_alloc, check_flag, check_positive_int, check_scale, describe
+from ..errors import AttnlabError
 from ..messages import msg
 from ..shapes import check_cache_query_shape, check_kv_shapes
 from .cache_book import TwinArrays, check_kv_pair

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import check_alloc
+from ..checks import check_alloc
 from ..kernel import abs_max, attend, check_score_range
 from .kv_cache import NumpyTwinArrays, cast_checked
 from .paged_book import BlockAllocator, PagedBook, check_sequence_ids

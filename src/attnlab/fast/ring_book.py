@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from ..errors import check_positive_int
+from ..checks import check_positive_int
 from ..kernel_options import check_softcap
 from ..shapes import held_positions, ring_segments
 from .cache_book import CacheBook

@@ -58,7 +58,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from ..errors import check_flag, check_positive_int
+from ..checks import check_flag, check_positive_int
 from ..kernel import attend, check_sinks
 from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention, join_sinks
 from .flash_parts import LSE_DTYPE

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..backward import attention_backward, check_upstream
-from ..errors import check_positive_int
+from ..checks import check_positive_int
 from ..kernel import attend, check_sinks
 from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention_backward
 from .flash_parts import LSE_DTYPE, as_forward

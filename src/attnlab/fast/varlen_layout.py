@@ -26,9 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
+from ..checks import (
     as_array,
     as_float_array,
     check_alloc,
@@ -38,6 +36,7 @@ from ..errors import (
     describe,
     shape_str,
 )
+from ..errors import AttnlabError, ShapeError
 from ..kernel import abs_max, check_score_range, check_softcap, low_precision_dtype
 from ..masks import band_mask
 from ..messages import msg

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import check_positive_int
+from ..checks import check_positive_int
 from ..fast.block_sparse import block_sparse_mask
 from ..fast.flash_walk import FlashStep, FlashWalk, flash_walk
 from ..fast.kv_cache import KVCache, SlidingWindowKVCache

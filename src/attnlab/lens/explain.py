@@ -29,9 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
+from ..checks import (
     as_float_array,
     check_alloc,
     check_flag,
@@ -40,6 +38,7 @@ from ..errors import (
     check_text,
     shape_str,
 )
+from ..errors import AttnlabError, ShapeError
 from ..init import as_rng, init_weight
 from ..kernel import (
     MAX_SCORE_ELEMENTS,

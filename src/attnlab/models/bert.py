@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from ..attention import MAX_SCORE_ELEMENTS
-from ..errors import AttnlabError, ShapeError, check_flag, check_text, shape_str
+from ..checks import check_flag, check_text, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..fast.varlen import check_cu_seqlens
 from ..hooks import HookSite, any_attached
 from ..masks import padding_mask

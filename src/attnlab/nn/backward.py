@@ -36,7 +36,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..backward import attention_backward, check_upstream, sum_to_shape
-from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
+from ..checks import as_float_array, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..gqa import gqa_reduce
 from ..kernel import attend, check_inputs
 from ..special import erf

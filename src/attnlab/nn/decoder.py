@@ -35,15 +35,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_array,
-    check_alloc,
-    check_flag,
-    check_positive_int,
-    shape_str,
-)
+from ..checks import as_array, check_alloc, check_flag, check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..fast.kv_cache import KVCache, SlidingWindowKVCache
 from ..fast.sparse import sliding_window_mask
 from ..hooks import HookSite, any_attached

@@ -12,14 +12,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_float_array,
-    as_vector,
-    check_positive_int,
-    shape_str,
-)
+from ..checks import as_float_array, as_vector, check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..hooks import HookSite
 from ..init import as_rng, init_weight
 from ..special import gelu_erf

@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
+from ..checks import as_float_array, check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError
 
 __all__ = ["HeadLayout", "check_head_layout", "linear", "merge_heads", "split_heads"]
 

@@ -26,9 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
+from ..checks import (
     as_array,
     as_bool_mask,
     as_float_array,
@@ -39,6 +37,7 @@ from ..errors import (
     check_scale,
     shape_str,
 )
+from ..errors import AttnlabError, ShapeError
 from ..gqa import repeat_kv
 from ..hooks import HookFn, HookSite, attached
 from ..init import as_rng, init_weight

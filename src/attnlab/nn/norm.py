@@ -17,14 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_float_array,
-    as_vector,
-    check_positive_int,
-    shape_str,
-)
+from ..checks import as_float_array, as_vector, check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..hooks import HookSite
 
 __all__ = ["LayerNorm", "layer_norm_stats", "layer_norm_inplace"]

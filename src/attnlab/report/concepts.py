@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import AttnlabError, make_folder
+from ..checks import make_folder
+from ..errors import AttnlabError
 from ..fast.flash_walk import flash_walk
 from ..lens.concepts import example_qkv, kv_cache_walk, position_patterns, sparse_patterns
 from .dataflow import draw_dataflow

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import AttnlabError, ShapeError, check_text, shape_str
+from ..checks import check_text, shape_str
+from ..errors import AttnlabError, ShapeError
 from .figures import new_figure
 from .fonts import font_context, warn_if_cjk_unrenderable
 from .page import page_csp, script_json

@@ -69,14 +69,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_float_array,
-    check_text,
-    make_folder,
-    shape_str,
-)
+from ..checks import as_float_array, check_text, make_folder, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..lens.diagnostics import Diagnostics, diagnose
 from ..lens.weight_checks import check_weights
 from .page import csp_hash, script_json

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnlabError, check_positive_int
+from ..checks import check_positive_int
+from ..errors import AttnlabError
 
 __all__ = ["STUDIES", "SCALING_TARGET", "NORM_LR", "run_study", "study_table", "plan"]
 

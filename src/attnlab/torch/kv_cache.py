@@ -42,7 +42,8 @@ from typing import Any, cast
 
 import torch
 
-from ..errors import AttnlabError, check_alloc
+from ..checks import check_alloc
+from ..errors import AttnlabError
 from ..fast.cache_book import CacheBook, GrowingBook, TwinArrays
 from ..fast.ring_book import RingBook
 from . import debug

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from ..errors import AttnlabError, check_alloc, check_flag, check_positive_int, shape_str
+from ..checks import check_alloc, check_flag, check_positive_int, shape_str
+from ..errors import AttnlabError
 from ..masks import window_band
 from ..shapes import (
     Band,

@@ -27,13 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import (
-    AttnlabError,
-    check_alloc,
-    check_flag,
-    check_positive_int,
-    check_scale,
-)
+from ..checks import check_alloc, check_flag, check_positive_int, check_scale
+from ..errors import AttnlabError
 from ..hooks import HookSite
 from ..kernel import check_softcap
 from ..nn import multihead as np_multihead

@@ -35,7 +35,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from ..errors import check_alloc
+from ..checks import check_alloc
 from ..fast.paged_book import PagedBook
 from ..fast.paged_cache import owned_slots, paged_allowed
 from .kernel import attend

@@ -20,14 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    check_alloc,
-    check_flag,
-    check_positive_int,
-    shape_str,
-)
+from ..checks import check_alloc, check_flag, check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..positional import SinusoidalPositionalEncoding
 from ..positional_relative import check_rope_head_dim
 from . import debug

@@ -30,7 +30,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from ..errors import check_flag, check_scale
+from ..checks import check_flag, check_scale
 from ..fast.varlen import check_sequences, check_varlen_shapes
 from ..fast.varlen_layout import packed_groups
 from ..kernel import check_softcap

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import AttnlabError, check_positive_int
+from ..checks import check_positive_int
+from ..errors import AttnlabError
 from .model import AblationMode, Decoder
 from .results import Evaluation, TrainResult
 from .tasks import IGNORE, Task

@@ -37,7 +37,8 @@ from typing import Any, Literal, cast
 import torch
 from torch import nn
 
-from ..errors import AttnlabError, check_flag, check_positive_int
+from ..checks import check_flag, check_positive_int
+from ..errors import AttnlabError
 from ..hooks import HookSite, attached
 from ..messages import msg
 from ..torch import LayerNorm, MultiHeadAttention, PositionalEncoding

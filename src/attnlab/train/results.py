@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnlabError, check_positive_int
+from ..checks import check_positive_int
+from ..errors import AttnlabError
 from ..messages import msg
 from .model import Decoder, DecoderConfig
 from .tasks import IGNORE, Task
