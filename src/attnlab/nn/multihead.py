@@ -39,7 +39,7 @@ from ..checks import (
 )
 from ..errors import AttnlabError, ShapeError
 from ..gqa import repeat_kv
-from ..hooks import HookFn, HookSite, attached
+from ..hooks import HookSite, attached
 from ..init import as_rng, init_weight
 from ..kernel import (
     abs_max,
@@ -54,6 +54,7 @@ from ..positional_relative import RotaryEmbedding, alibi_bias
 from ..shapes import check_key_padding_shape, check_module_inputs
 from ..trace import Recorder
 from .heads import check_head_layout, linear, merge_heads, split_heads
+from .recording import recording_hooks
 
 # linear, split_heads and merge_heads are defined in .heads and stay importable from here.
 __all__ = ["MultiHeadAttention", "linear", "split_heads", "merge_heads"]
@@ -383,7 +384,7 @@ class MultiHeadAttention:
         """
         if recorder is not None:  # recording is reading the hook points
             recorder.add("X", x, "X (this layer's input)")
-            with attached(self, self._recording_hooks(recorder)):
+            with attached(self, recording_hooks(self, recorder)):
                 out, weights = self.forward(x, context, allowed, bias, value=value,
                                             softcap=softcap)
             recorder.add("projected", out, "out = concat(heads)·Wo + bo")
@@ -431,35 +432,3 @@ class MultiHeadAttention:
         else:
             out = linear(merge_heads(heads), self.Wo, self.bo)  # (B, T, E_out)
         return out, weights
-
-    def _recording_hooks(self, recorder: Recorder) -> list[tuple[str, HookFn]]:
-        """Hooks that hand the intermediates to ``recorder``, in its order (Q and K after
-        RoPE, K and V repeated for GQA, as the heads read them)."""
-        seen: dict[str, np.ndarray] = {}
-        rotated = self.rope is not None
-
-        def keep(value: np.ndarray, name: str) -> None:
-            seen[name] = value
-
-        def emit(weights: np.ndarray, name: str) -> None:
-            q = seen["hook_rot_q" if rotated else "hook_q"]
-            k = self.expand_kv(seen["hook_rot_k" if rotated else "hook_k"])  # (B, H, S, D)
-            recorder.add_heads("Q", q, "Q = X·Wq + bq")
-            recorder.add_heads("K", k, "K = X·Wk + bk")
-            recorder.add_heads("V", self.expand_kv(seen["hook_v"]), "V = X·Wv + bv")
-            if recorder.wants("scores") or recorder.wants("scaled"):
-                scores = q @ np.swapaxes(k, -1, -2)  # (B, H, T, S)
-                recorder.add_heads("scores", scores, "scores = Q·Kᵀ")
-                if self.scale is None:
-                    recorder.add_heads("scaled", scores / np.sqrt(self.head_dim),
-                                       f"scaled = scores / √{self.head_dim}")
-                else:
-                    recorder.add_heads("scaled", scores * self.scale,
-                                       f"scaled = scores × {self.scale:g}")
-            recorder.add_heads("weights", weights, "weights = softmax(scaled + mask, axis=-1)")
-
-        def output(heads: np.ndarray, name: str) -> None:
-            recorder.add_heads("output", heads, "output = weights·V")
-
-        kept = ["hook_q", "hook_k", "hook_v"] + (["hook_rot_q", "hook_rot_k"] if rotated else [])
-        return [*((n, keep) for n in kept), ("hook_pattern", emit), ("hook_z", output)]
