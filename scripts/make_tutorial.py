@@ -347,14 +347,14 @@ lesson(
           "    heads = weights @ v                                                # (H, T, D)\n"
           "    return heads.transpose(1, 0, 2).reshape(T, E) @ Wo                 # (T, E)"),
     code("X = np.random.default_rng(0).standard_normal((4, 8))\n"
-         "b = attnlab.explain(X, num_heads=2, split=\"seed001\", seed=1)\n"
+         "b = attnlab.explain(X, num_heads=2, split=\"fused\", seed=1)\n"
          "report.plot(b, lang=LANG)"),
-    md("## 练习\n\n1. 验证两种拆分给出同样的结果：`attnlab.explain(X, num_heads=2, d_k=4, split=\"seed000\", seed=1)` "
-       "和 `split=\"seed001\"` 的 `.weights()`、`.output` 比较（差别小于 1e-12）。\n"
+    md("## 练习\n\n1. 验证两种拆分给出同样的结果：`attnlab.explain(X, num_heads=2, d_k=4, split=\"per_head\", seed=1)` "
+       "和 `split=\"fused\"` 的 `.weights()`、`.output` 比较（差别小于 1e-12）。\n"
        "2. 原文 001 说不同的头学到句法、指代等不同关系。随机初始化的头有这些关系吗？（提示：第 11 课）\n"
        "3. 头数 H 翻倍、E 不变时，参数量变不变？计算量呢？",
        "## Exercises\n\n1. Check that the two layouts agree: compare `.weights()` and `.output` of "
-       "`attnlab.explain(X, num_heads=2, d_k=4, split=\"seed000\", seed=1)` and `split=\"seed001\"` "
+       "`attnlab.explain(X, num_heads=2, d_k=4, split=\"per_head\", seed=1)` and `split=\"fused\"` "
        "(within 1e-12).\n2. Article 001 says heads learn syntax, coreference and so on. Do "
        "randomly initialised heads? (Hint: lesson 11.)\n3. Doubling H at fixed E: does the "
        "parameter count change? The compute?"),
@@ -786,7 +786,7 @@ lesson(
        "detector, \"attends to the next output\"."),
     code("import torch\n"
          "from attnlab.train.tasks import IGNORE, make_task\n"
-         "from attnlab.train import ModelConfig, TrainConfig, next_output_scores, train\n"
+         "from attnlab.train import DecoderConfig, TrainConfig, next_output_scores, train\n"
          "torch.set_num_threads(1)                      # 单线程：同一个种子，每次的数字完全一样\n"
          "task = make_task(\"sort\", length=4, digits=5, heldout=200)\n"
          "inputs, targets = task.heldout_inputs[:1], task.heldout_targets[:1]\n"
@@ -795,7 +795,7 @@ lesson(
          "print(\"提示长度:\", task.answer_start + 1)",
          "import torch\n"
          "from attnlab.train.tasks import IGNORE, make_task\n"
-         "from attnlab.train import ModelConfig, TrainConfig, next_output_scores, train\n"
+         "from attnlab.train import DecoderConfig, TrainConfig, next_output_scores, train\n"
          "torch.set_num_threads(1)                      # one thread: the same seed gives the same numbers\n"
          "task = make_task(\"sort\", length=4, digits=5, heldout=200)\n"
          "inputs, targets = task.heldout_inputs[:1], task.heldout_targets[:1]\n"
@@ -834,7 +834,7 @@ lesson(
     md("## 训练\n\n200 步，每 20 步在同一批 100 个留出样本上拍一张“快照”：记下注意力权重，并给每个头打分。在 CPU 上大约十几秒。",
        "## Training\n\n200 steps; every 20 steps a snapshot on the same 100 held-out examples "
        "records the attention weights and scores every head. About ten seconds on a CPU."),
-    code("model_config = ModelConfig(task.vocab_size, task.seq_len, d_model=32, num_heads=2, num_layers=1)\n"
+    code("model_config = DecoderConfig(task.vocab_size, task.seq_len, d_model=32, num_heads=2, num_layers=1)\n"
          "result = train(task, model_config, TrainConfig(steps=200, batch_size=64, snapshots=11,\n"
          "                                               snapshot_batch=100, seed=0))\n"
          "history = result.head_history[\"next_output\"]     # (K, L, H)：K 张快照\n"
@@ -843,7 +843,7 @@ lesson(
          "    print(f\"第 {step:3d} 步  留出集损失 {loss:.3f}  各头得分 {np.round(scores[0], 2).tolist()}\")\n"
          "print(\"平均注意力的得分:\", round(baseline, 3), \" 留出集完全正确率:\", round(result.evaluation.accuracy, 3))\n"
          "assert history[-1].max() > 2 * baseline      # 训练后至少有一个头明显在看下一个输出",
-         "model_config = ModelConfig(task.vocab_size, task.seq_len, d_model=32, num_heads=2, num_layers=1)\n"
+         "model_config = DecoderConfig(task.vocab_size, task.seq_len, d_model=32, num_heads=2, num_layers=1)\n"
          "result = train(task, model_config, TrainConfig(steps=200, batch_size=64, snapshots=11,\n"
          "                                               snapshot_batch=100, seed=0))\n"
          "history = result.head_history[\"next_output\"]     # (K, L, H): K snapshots\n"

@@ -22,7 +22,8 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from .errors import AttnlabError, ShapeError, as_float_array, check_flag, check_ndim, shape_str
+from .checks import as_float_array, check_flag, check_ndim, shape_str
+from .errors import AttnlabError, ShapeError
 from .kernel import (
     MAX_SCORE_ELEMENTS,
     attend,

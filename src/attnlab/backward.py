@@ -28,7 +28,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .attention import check_axis
-from .errors import ShapeError, as_float_array, shape_str
+from .checks import as_float_array, shape_str
+from .errors import ShapeError
 from .gqa import gqa_reduce
 from .kernel import attend, check_dropout, check_inputs, check_sinks
 

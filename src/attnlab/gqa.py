@@ -23,7 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import ShapeError, shape_str
+from .checks import shape_str
+from .errors import ShapeError
 
 __all__ = ["check_gqa_heads", "gqa_reduce", "repeat_kv"]
 

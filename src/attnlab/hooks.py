@@ -73,7 +73,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from .errors import AttnlabError, shape_str
+from .checks import shape_str
+from .errors import AttnlabError
 
 __all__ = ["HookFn", "HookSite", "Hookable", "NameFilter", "OPT_IN", "any_attached", "attached",
            "cache_into",

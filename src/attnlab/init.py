@@ -29,7 +29,8 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from .errors import AttnlabError, check_alloc, check_positive_int
+from .checks import check_alloc, check_positive_int
+from .errors import AttnlabError
 from .messages import msg
 
 __all__ = [

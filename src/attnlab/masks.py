@@ -22,22 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from .errors import (
-    AttnlabError,
-    ShapeError,
-    as_array,
-    as_bool_mask,
-    check_alloc,
-    check_flag,
-    check_positive_int,
-    shape_str,
-)
+from .checks import as_array, as_bool_mask, check_alloc, check_flag, check_positive_int, shape_str
+from .errors import AttnlabError, ShapeError
 from .shapes import Band, attention_band, check_causal_alignment, check_window_pair
 
 __all__ = [
     "band_mask",
     "causal_mask",
     "window_mask",
+    "window_band",
     "padding_mask",
     "from_blocked",
     "from_keep",
@@ -104,17 +97,29 @@ def window_mask(
            [0, 1, 1, 0],
            [0, 0, 1, 1]])
     """
+    T, S, band = window_band(T, S, window=window, is_causal=is_causal,
+                             causal_alignment=causal_alignment, dtype=np.bool_)
+    if band is None:
+        return np.ones((T, S), dtype=bool)
+    return band_mask(band, T, S)  # (T, S)
+
+
+def window_band(
+    T: int, S: int | None, *, window: Any, is_causal: Any, causal_alignment: Any, dtype: Any,
+) -> tuple[int, int, Band | None]:
+    """:func:`window_mask`'s arguments checked, as (T, S, band); band None = no limit.
+
+    The NumPy and torch ``window_mask`` share it; ``dtype`` is the mask's, for the
+    size check (a (T, S) mask too large for memory names T and S)."""
     T = check_positive_int(T, "T", allow_zero=True)
     sizes = "T" if S is None else "T, S"
     S = T if S is None else check_positive_int(S, "S", allow_zero=True)
     is_causal = check_flag(is_causal, "is_causal")
     pair = check_window_pair(window, is_causal)
     alignment = check_causal_alignment(causal_alignment)
-    check_alloc((T, S), np.bool_, "the window mask (T, S)", sizes)
+    check_alloc((T, S), dtype, "the window mask (T, S)", sizes)
     band = attention_band(T, S, is_causal=is_causal, window=pair, causal_alignment=alignment)
-    if band is None:
-        return np.ones((T, S), dtype=bool)
-    return band_mask(band, T, S)  # (T, S)
+    return T, S, band
 
 
 def band_mask(band: Band, T: int, S: int, q0: int = 0, k0: int = 0) -> np.ndarray:

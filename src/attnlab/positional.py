@@ -31,15 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import (
-    AttnlabError,
-    ShapeError,
-    as_float_array,
-    check_alloc,
-    check_ndim,
-    check_positive_int,
-    shape_str,
-)
+from .checks import as_float_array, check_alloc, check_ndim, check_positive_int, shape_str
+from .errors import AttnlabError, ShapeError
 from .init import RngLike, as_rng
 
 __all__ = [
@@ -73,7 +66,7 @@ def float_dtype(dtype: Any) -> np.dtype:
 def as_input(x: Any, layout: str) -> tuple[np.ndarray, np.dtype]:
     """``x`` as a float array of at least 2 dims, and the dtype the result should have.
 
-    float16 is computed in float32 (see :func:`attnlab.errors.as_float_array`) but
+    float16 is computed in float32 (see :func:`attnlab.checks.as_float_array`) but
     handed back as float16; integer input comes back as float64.
     """
     arr = as_float_array(x, "x")

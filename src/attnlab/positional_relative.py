@@ -23,9 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import (
-    AttnlabError,
-    ShapeError,
+from .checks import (
     as_array,
     as_float_array,
     check_alloc,
@@ -33,12 +31,14 @@ from .errors import (
     check_positive_int,
     shape_str,
 )
+from .errors import AttnlabError, ShapeError
 from .positional import as_input, check_base, float_dtype, input_with_width
 
 __all__ = [
     "rope_angles",
     "apply_rope",
     "RotaryEmbedding",
+    "check_rope_head_dim",
     "alibi_slopes",
     "alibi_bias",
 ]
@@ -47,7 +47,8 @@ __all__ = [
 # --------------------------------------------------------------------------- RoPE
 
 
-def _check_head_dim(head_dim: Any) -> int:
+def check_rope_head_dim(head_dim: Any) -> int:
+    """``head_dim`` as an even int > 0 (RoPE turns pairs of features), or an error."""
     head_dim = check_positive_int(head_dim, "head_dim")
     if head_dim % 2:
         raise AttnlabError(
@@ -101,7 +102,7 @@ def rope_angles(
     >>> cos[0].tolist()
     [1.0, 1.0, 1.0, 1.0]
     """
-    head_dim = _check_head_dim(head_dim)
+    head_dim = check_rope_head_dim(head_dim)
     base = check_base(base)
     interleaved = check_flag(interleaved, "interleaved")
     pos = _as_positions(positions, None).astype(np.float64)  # (T,)
@@ -186,7 +187,7 @@ class RotaryEmbedding:
     def __init__(
         self, head_dim: int, base: float = 10000.0, interleaved: bool = False
     ) -> None:
-        self.head_dim = _check_head_dim(head_dim)
+        self.head_dim = check_rope_head_dim(head_dim)
         self.base = check_base(base)
         self.interleaved = check_flag(interleaved, "interleaved")
 

@@ -16,13 +16,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .errors import MAX_ELEMENTS, AttnlabError, ShapeError, check_positive_int, shape_str
+from .checks import MAX_ELEMENTS, check_broadcastable, check_positive_int, shape_str
+from .errors import AttnlabError, ShapeError
+from .messages import Message, msg
 
 __all__ = [
     "AttentionShapes",
     "broadcast_shapes",
     "check_attention_shapes",
     "check_score_elements",
+    "check_alibi_slopes_shape",
+    "check_sinks_shape",
     "check_module_inputs",
     "check_key_padding_shape",
     "check_kv_shapes",
@@ -83,43 +87,53 @@ def check_attention_shapes(q: Shape, k: Shape, v: Shape) -> AttentionShapes:
         for name, shape, layout in (("q", q, "(..., T, D)"), ("k", k, "(..., S, D)"),
                                     ("v", v, "(..., S, Dv)")):
             if len(shape) < 2:
-                raise ShapeError(f"{name}: expected {layout}, got {shape_str(shape)}")
+                raise ShapeError(msg("check.ndim", name=name, layout=layout,
+                                     shape=shape_str(shape)))
     *q_lead, T, D = q
     *k_lead, S, k_D = k
     *v_lead, v_S, Dv = v
     if k_D != D:
-        raise ShapeError(
-            f"k: expected (..., S, {D}) to match q's last dim {D}, got {shape_str(k)}"
-        )
+        raise ShapeError(msg("shape.k_width", D=D, shape=shape_str(k)))
     if v_S != S:
-        raise ShapeError(
-            f"v: expected (..., {S}, Dv) to match k's length S = {S}, got {shape_str(v)}"
-        )
+        raise ShapeError(msg("shape.v_length", S=S, shape=shape_str(v)))
     batch: tuple[int, ...] | None = tuple(q_lead)
     if not q_lead == k_lead == v_lead:  # the common case has nothing to broadcast
         batch = broadcast_shapes(q_lead, k_lead, v_lead)
     if batch is None:
-        raise ShapeError(
-            "q, k, v: expected leading (batch) dims that broadcast together, got "
-            f"q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
-        )
+        raise ShapeError(msg("shape.batch", q=shape_str(q), k=shape_str(k), v=shape_str(v)))
     return AttentionShapes(batch, T, S, D, Dv)
 
 
-def check_score_elements(score_shape: Shape, hint: str, *, limit: int | None = None) -> None:
+def check_score_elements(
+    score_shape: Shape, hint: str | Message, *, limit: int | None = None
+) -> None:
     """Refuse a score matrix of more than ``limit`` (default
-    :data:`attnlab.errors.MAX_ELEMENTS`) elements before it is built; ``hint`` says what
+    :data:`attnlab.checks.MAX_ELEMENTS`) elements before it is built; ``hint`` says what
     to do instead."""
     limit = MAX_ELEMENTS if limit is None else limit
     n_scores = 1
     for size in score_shape:
         n_scores *= int(size)
     if n_scores > limit:
-        raise AttnlabError(
-            f"q, k: the score matrix {shape_str(score_shape)} would hold {n_scores:,} elements, "
-            f"more than the plain path's limit of {limit:,} "
-            f"(attnlab.errors.MAX_ELEMENTS); {hint}"
-        )
+        raise AttnlabError(msg("shape.score_elements", shape=shape_str(score_shape),
+                               count=f"{n_scores:,}", limit=f"{limit:,}", hint=hint))
+
+
+def check_alibi_slopes_shape(shape: Shape, batch: Shape) -> None:
+    """ALiBi's slopes (H,) or (B, H), broadcasting against the batch dims (..., H) of q."""
+    if len(shape) not in (1, 2):
+        raise ShapeError(msg("kernel.alibi_ndim", shape=shape_str(shape)))
+    check_broadcastable(shape, batch, "alibi_slopes", "the batch dims (..., H)")
+
+
+def check_sinks_shape(shape: Shape, batch: Shape) -> None:
+    """Attention sinks (H,): one logit per head of q (..., H, T, D), ``batch`` = q's
+    leading dims (..., H)."""
+    if len(shape) != 1:
+        raise ShapeError(msg("kernel.sinks_ndim", shape=shape_str(shape)))
+    if not batch or int(batch[-1]) != int(shape[0]):
+        raise ShapeError(msg("kernel.sinks_heads", heads=shape_str(tuple(batch)[-1:] or (1,)),
+                             shape=shape_str(shape)))
 
 
 # ------------------------------------------------------------------ multi-head attention
@@ -134,26 +148,19 @@ def check_module_inputs(
     returns (lead, T, S), lead = (B,) or ()."""
     q_name, k_name, v_name = names
     if len(query) not in (2, 3) or int(query[-1]) != E:
-        raise ShapeError(
-            f"{q_name}: expected (B, T, {E}) or (T, {E}) with E = d_model, "
-            f"got {shape_str(query)}"
-        )
+        raise ShapeError(msg("shape.module_query", name=q_name, E=E, shape=shape_str(query)))
     lead = tuple(int(n) for n in query[:-2])
     lead_str = f"{lead[0]}, " if lead else ""
     v_width, v_what = (Ekv, "d_context") if Ev is None else (Ev, "d_value_context")
     for name, shape, width, what in ((k_name, key, Ekv, "d_context"),
                                      (v_name, value, v_width, v_what)):
         if len(shape) != len(query) or tuple(shape[:-2]) != lead or int(shape[-1]) != width:
-            raise ShapeError(
-                f"{name}: expected ({lead_str}S, {width}) to match {q_name}'s batch and "
-                f"{what} = {width}, got {shape_str(shape)}"
-            )
+            raise ShapeError(msg("shape.module_context", name=name, lead=lead_str, width=width,
+                                 query=q_name, what=what, shape=shape_str(shape)))
     S = int(key[-2])
     if int(value[-2]) != S:
-        raise ShapeError(
-            f"{v_name}: expected ({lead_str}{S}, {v_width}) to match {k_name}'s length, "
-            f"got {shape_str(value)}"
-        )
+        raise ShapeError(msg("shape.module_length", name=v_name, lead=lead_str, S=S,
+                             width=v_width, keys_name=k_name, shape=shape_str(value)))
     return lead, int(query[-2]), S
 
 
@@ -166,9 +173,7 @@ def check_key_padding_shape(
     """
     if shape is None or not is_bool or tuple(shape) != tuple(expected):
         got = dtype_name if shape is None else f"{dtype_name} {shape_str(shape)}"
-        raise ShapeError(
-            f"key_padding: expected bool {shape_str(expected)} (True = real token), got {got}"
-        )
+        raise ShapeError(msg("shape.key_padding", expected=shape_str(expected), got=got))
 
 
 # ------------------------------------------------------------------ KV caches: inputs
@@ -282,9 +287,9 @@ def check_positions(positions: Sequence[int], name: str, S: int) -> tuple[int, .
     """
     ints = [int(p) for p in positions]
     if ints and (min(ints) < 0 or max(ints) >= S):
-        raise AttnlabError(f"{name}: expected positions in [0, {S}), got {ints}")
+        raise AttnlabError(msg("shape.positions_range", name=name, S=S, got=ints))
     if len(set(ints)) != len(ints):
-        raise AttnlabError(f"{name}: expected distinct positions, got {ints}")
+        raise AttnlabError(msg("shape.positions_distinct", name=name, got=ints))
     return tuple(sorted(ints))
 
 

@@ -35,7 +35,8 @@ import math
 
 import numpy as np
 
-from .errors import AttnlabError, shape_str
+from .checks import shape_str
+from .errors import AttnlabError
 
 __all__ = ["erf", "gelu_erf"]
 
@@ -206,17 +207,16 @@ def _odd_rational(x: np.ndarray, rational: _Rational, out: np.ndarray, clipped: 
     """out = c·N(c²)/D(c²) with c = x clamped to ±bound; the rest is scratch of x's shape."""
     np.clip(x, -rational.bound, rational.bound, out=clipped)
     np.multiply(clipped, clipped, out=squares)
-    num = rational.num
-    np.multiply(squares, num[-1], out=out)
-    out += num[-2]
-    for coef in num[-3::-1]:
-        out *= squares
-        out += coef
-    den_coefs = rational.den
-    np.multiply(squares, den_coefs[-1], out=den)
-    den += den_coefs[-2]
-    for coef in den_coefs[-3::-1]:
-        den *= squares
-        den += coef
+    _horner(rational.num, squares, out)  # N(c²)
+    _horner(rational.den, squares, den)  # D(c²)
     out /= den
     out *= clipped
+
+
+def _horner(coefs: tuple[np.float32, ...], y: np.ndarray, out: np.ndarray) -> None:
+    """out = Σ_i coefs[i] · yⁱ by Horner's rule, in place (at least two coefficients)."""
+    np.multiply(y, coefs[-1], out=out)
+    out += coefs[-2]
+    for coef in coefs[-3::-1]:
+        out *= y
+        out += coef

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AttnlabError, ShapeError, shape_str
+from .checks import shape_str
+from .errors import AttnlabError, ShapeError
 
 __all__ = ["Step", "Trace", "Recorder"]
 

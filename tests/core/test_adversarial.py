@@ -71,7 +71,7 @@ def test_sampling_at_a_huge_temperature_is_uniform_not_nan():
 # ---------------------------------------------------------------- E. sizes from arguments
 
 
-LIMIT = r"more than attnlab's limit of 2,147,483,648 \(attnlab\.errors\.MAX_ELEMENTS\)"
+LIMIT = r"more than attnlab's limit of 2,147,483,648 \(attnlab\.checks\.MAX_ELEMENTS\)"
 
 HUGE = [
     (lambda: attnlab.causal_mask(10**6), r"T: the causal mask \(T, S\) = \(1000000, 1000000\)"),
@@ -106,7 +106,7 @@ def test_a_huge_size_is_refused_before_allocating(call, message):
 
 
 def test_a_kv_cache_refuses_to_grow_past_the_limit(monkeypatch):
-    monkeypatch.setattr(attnlab.errors, "MAX_ELEMENTS", 1000)
+    monkeypatch.setattr(attnlab.checks, "MAX_ELEMENTS", 1000)
     lib, make = attnlab, np.zeros
     cache = lib.KVCache(1, 2, 4, capacity=100)  # (1, 2, 100, 4): 800 elements
     cache.append(make((1, 2, 100, 4)), make((1, 2, 100, 4)))

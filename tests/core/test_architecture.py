@@ -22,10 +22,11 @@ PACKAGE = Path(attnlab.__file__).parent
 
 #: Lowest first. A module belongs to the first entry that is a prefix of its name.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("checks", ["attnlab.messages", "attnlab.errors", "attnlab.shapes"]),
+    ("checks", ["attnlab.messages", "attnlab.errors", "attnlab.checks", "attnlab.shapes"]),
     ("math", ["attnlab.special", "attnlab.init", "attnlab.masks", "attnlab.positional",
               "attnlab.positional_relative", "attnlab.trace", "attnlab.hooks", "attnlab.gqa",
-              "attnlab.masked_softmax", "attnlab.kernel", "attnlab.attention", "attnlab.backward"]),
+              "attnlab.masked_softmax", "attnlab.kernel_options", "attnlab.kernel",
+              "attnlab.attention", "attnlab.backward"]),
     ("fast paths", ["attnlab.fast"]),
     ("modules", ["attnlab.nn"]),
     ("models", ["attnlab.models", "attnlab.torch", "attnlab.triton"]),

@@ -1,4 +1,5 @@
-"""The data behind the concept pictures equals what the fast paths compute."""
+"""The data behind the concept pictures equals what the fast paths compute (flash's walk,
+attnlab.fast.flash_walk, is tested in test_flash_walk.py)."""
 
 from __future__ import annotations
 
@@ -8,34 +9,15 @@ import pytest
 import attnlab
 from attnlab.lens.concepts import (
     example_qkv,
-    flash_walk,
     kv_cache_walk,
     position_patterns,
     sparse_patterns,
 )
 
-# float64 throughout; the walks sum in a different order than the fast paths
-# (tile by tile vs whole rows): a few ulps on values of order 1, so 1e-12 is tight
-# enough to catch a wrong rescaling (which errs by order 1) with room for rounding.
+# float64 throughout; the walks sum in a different order than the fast paths: a few
+# ulps on values of order 1, so 1e-12 is tight enough to catch a wrong rescaling
+# (which errs by order 1) with room for rounding.
 ATOL = 1e-12
-
-
-@pytest.mark.parametrize("block_k", [1, 2, 3, 8])
-def test_flash_walk_matches_flash_attention_on_every_prefix(block_k):
-    q, k, v = example_qkv(8, 4, seed=1)
-    walk = flash_walk(q[:5], k, v, block_k=block_k)
-    assert len(walk.steps) == -(-8 // block_k)
-    for step in walk.steps:
-        seen = slice(0, step.k1)
-        out, lse = attnlab.flash_attention(q[:5], k[seen], v[seen], block_k=block_k,
-                                           return_lse=True)
-        np.testing.assert_allclose(step.output, out, atol=ATOL)
-        scores = q[:5] @ k[seen].T / 2.0  # scale 1/√4
-        np.testing.assert_allclose(step.running_max, scores.max(axis=1), atol=ATOL)
-        # lse = m + log l: the running sum is what flash's log-sum-exp holds.
-        np.testing.assert_allclose(step.running_max + np.log(step.running_sum), lse, atol=ATOL)
-    np.testing.assert_allclose(walk.output, attnlab.scaled_dot_product_attention(q[:5], k, v),
-                               atol=ATOL)
 
 
 @pytest.mark.parametrize("window", [None, 1, 3, 8])

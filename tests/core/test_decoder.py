@@ -27,7 +27,7 @@ LOGIT_TOL = {"float64": {"rtol": 1e-10, "atol": 1e-10}, "float32": {"rtol": 1e-4
 CONFIGS = {
     "mha-rope": dict(),
     "gqa-rope": dict(num_heads=4, num_kv_heads=2),
-    "mqa-no-rope": dict(num_heads=4, num_kv_heads=1, rope=False),
+    "mqa-no-rope": dict(num_heads=4, num_kv_heads=1, pos="none"),
     "window-5": dict(num_kv_heads=2, window=5),
     "relu-3-layers": dict(num_layers=3, activation="relu"),
 }
@@ -196,3 +196,18 @@ def test_decoder_block_validation():
         DecoderBlock(EncoderBlock(8, 2, 16, norm="post"))
     with pytest.raises(AttnlabError, match="EncoderBlock with norm='pre'"):
         DecoderBlock(object())  # type: ignore[arg-type]
+
+
+def test_cached_path_uses_the_attention_scale():
+    """A block whose attention has its own ``scale``: the cached path scales the same way
+    (and differs from the default scale, so the test can fail)."""
+    model = TinyDecoder(small(**CONFIGS[next(iter(CONFIGS))]), seed=2)
+    ids = np.random.default_rng(1).integers(0, 97, size=(1, 9))
+    default = model.forward(ids)
+    for block in model.blocks:
+        block.block.attn.scale = 0.9
+    full = model.forward(ids)  # (B, T, V)
+    assert not np.allclose(full, default)
+    caches = model.new_caches(1)
+    parts = [model.forward(ids[:, :4], caches), model.forward(ids[:, 4:], caches)]
+    np.testing.assert_allclose(np.concatenate(parts, axis=1), full, **LOGIT_TOL["float64"])

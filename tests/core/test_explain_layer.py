@@ -32,12 +32,12 @@ def _nonzero_notes(trace, kind):
     return [n for n in trace.meta["notes"] if n["kind"] == kind]
 
 
-def test_split_seed001_is_the_same_computation_as_seed000():
+def test_fused_split_is_the_same_computation_as_per_head():
     """Seed 001 projects once and does view(T, H, d_k).transpose; seed 000 gives each head
     its own columns. Same weights -> the same heads, the same output."""
     X = np.random.default_rng(1).standard_normal((5, 8))
-    a = explain(X, num_heads=2, split="seed000", d_k=4, Wo=True, seed=7)
-    b = explain(X, num_heads=2, split="seed001", Wo=True, seed=7)
+    a = explain(X, num_heads=2, split="per_head", d_k=4, Wo=True, seed=7)
+    b = explain(X, num_heads=2, split="fused", Wo=True, seed=7)
     np.testing.assert_allclose(b.weights(), a.weights(), atol=ATOL)
     np.testing.assert_allclose(b.output, a.output, atol=ATOL)
     # Seed 001's code, written out: lin(x).view(B, -1, h, d_k).transpose(1, 2), per head
@@ -51,10 +51,10 @@ def test_split_seed001_is_the_same_computation_as_seed000():
     np.testing.assert_allclose(b.get("Q", head=1).values, Q[0, 1], atol=ATOL)
     assert "view(T, H, d_k).transpose(0, 1)[1]" in b.get("Q", head=1).formula
     assert [s.key for s in b][4:7] == ["Q_all", "K_all", "V_all"]
-    with pytest.raises(ShapeError, match="split='seed001' divides E = 4 into 3 heads"):
-        explain(num_heads=3, split="seed001")
-    with pytest.raises(ShapeError, match="split='seed001' uses d_k = E / H = 2, got 3"):
-        explain(num_heads=2, split="seed001", d_k=3)
+    with pytest.raises(ShapeError, match="split='fused' divides E = 4 into 3 heads"):
+        explain(num_heads=3, split="fused")
+    with pytest.raises(ShapeError, match="split='fused' uses d_k = E / H = 2, got 3"):
+        explain(num_heads=2, split="fused", d_k=3)
 
 
 def test_no_scale_feeds_raw_scores_to_softmax():

@@ -317,3 +317,9 @@ def test_wrong_objects_and_axes_are_named_errors():
         mha_backward("mha", np.ones((2, 4)), np.ones((2, 4)))
     with pytest.raises(ValueError, match=r"axis: expected an int in \[-2, 1\], got 'a'"):
         softmax_backward(np.ones((2, 3)) / 3, np.ones((2, 3)), axis="a")
+
+
+def test_mha_backward_with_its_own_scale(rng):
+    mha = MultiHeadAttention.init(2, 6, seed=5, scale=0.7)
+    x = rng.standard_normal((2, 4, 6))
+    check_mha_against_fd(mha, x, rng.standard_normal((2, 4, 6)), is_causal=True)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import attnlab
-from attnlab.errors import AttnlabError, check_finite, missing_extra
+from attnlab.checks import check_finite
+from attnlab.errors import AttnlabError, missing_extra
 from attnlab.messages import LANGS, MESSAGES, Message, msg, render, render_error
 
 SOURCE = Path(attnlab.__file__).parent
@@ -87,3 +88,19 @@ def test_the_areas_join_the_catalog():
     from attnlab.messages.studies import STUDY_MESSAGES
 
     assert set(STUDY_MESSAGES) <= set(MESSAGES) and set(EXERCISE_MESSAGES) <= set(MESSAGES)
+
+
+def test_the_shared_shape_checks_are_keyed():
+    """Both twins raise the shape errors of attnlab.shapes: keyed, so they render in Chinese."""
+    from attnlab.errors import ShapeError
+    from attnlab.shapes import check_attention_shapes, check_module_inputs
+
+    with pytest.raises(ShapeError) as info:
+        check_attention_shapes((2, 3, 4), (2, 5, 4), (2, 6, 4))
+    assert str(info.value) == "v: expected (..., 5, Dv) to match k's length S = 5, got (2, 6, 4)"
+    assert info.value.message.render("zh") == (
+        "v：需要 (..., 5, Dv)，与 k 的长度 S = 5 一致，实际形状为 (2, 6, 4)")
+    with pytest.raises(ShapeError) as info:
+        check_module_inputs((2, 3, 8), (2, 5, 8), (2, 4, 8), 8, 8)
+    assert str(info.value) == "value: expected (2, 5, 8) to match key's length, got (2, 4, 8)"
+    assert "与 key 的长度一致" in info.value.message.render("zh")

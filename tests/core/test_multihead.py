@@ -339,3 +339,37 @@ def test_ragged_key_padding_is_a_named_error():
     mha = MultiHeadAttention.init(2, 4)
     with pytest.raises(attnlab.AttnlabError, match="key_padding: could not be read as an array"):
         mha(np.ones((2, 3, 4)), key_padding=[[True, True, True], [True]])
+
+
+@pytest.mark.parametrize("scale", [None, 1.0, 0.3])
+def test_scale_multiplies_the_scores(scale):
+    """``scale`` (None: 1/√D) against a hand-written per-head loop; float64, 1e-12 (TOL)."""
+    rng = np.random.default_rng(7)
+    H, D, E, T = 2, 3, 6, 4
+    mha = MultiHeadAttention.init(H, E, seed=1, scale=scale)
+    x = rng.standard_normal((T, E))
+    allowed = np.tril(np.ones((T, T), dtype=bool))
+    factor = 1 / np.sqrt(D) if scale is None else scale
+    heads, patterns = [], []
+    for h in range(H):
+        cols = slice(h * D, (h + 1) * D)
+        q, k, v = (x @ w[:, cols] + b[cols] for w, b in ((mha.Wq, mha.bq), (mha.Wk, mha.bk),
+                                                         (mha.Wv, mha.bv)))  # (T, D)
+        scores = np.where(allowed, q @ k.T * factor, -np.inf)  # (T, T)
+        e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        patterns.append(e / e.sum(axis=-1, keepdims=True))
+        heads.append(patterns[-1] @ v)  # (T, D)
+    expected = np.concatenate(heads, axis=-1) @ mha.Wo + mha.bo  # (T, E)
+    out, weights = mha(x, mask=allowed, return_weights=True)
+    np.testing.assert_allclose(out, expected, **TOL[np.float64])
+    np.testing.assert_allclose(weights, np.stack(patterns), **TOL[np.float64])
+    assert mha.score_scale() == factor
+
+
+@pytest.mark.parametrize("scale, message", [
+    ("0.5", r"^scale: expected a real number .*"), (float("inf"), r"^scale: .*finite.*"),
+])
+def test_scale_is_checked(scale, message):
+    with pytest.raises(attnlab.AttnlabError, match=message):
+        MultiHeadAttention.init(2, 4, scale=scale)
+

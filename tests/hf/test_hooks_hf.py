@@ -105,3 +105,29 @@ def test_attention_points_need_attnlabs_implementation_and_resid_mid_is_read_onl
     with pytest.raises(AttnlabError, match=r"hook_resid_mid: read-only"):
         run_with_hooks(tm.load("llama", "attnlab"), **inputs,
                        hooks=[("blocks.0.hook_resid_mid", lambda x, name: x * 0)])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_deep_copy_of_a_hooked_model_has_its_own_points(arch):
+    """copy.deepcopy after the points are installed: the copy's points sit on the copy's
+    modules (they were closures over the original's, so the copy's hooks read and edited
+    the original, and its attention points never fired)."""
+    model = tm.load(arch, "attnlab")
+    inputs = tm.batch()
+    names = ["blocks.0.attn.hook_z", "blocks.0.hook_resid_mid", "blocks.1.hook_resid_post"]
+    with torch.no_grad():
+        _, original = run_with_cache(model, **inputs, names=names)  # installs the points
+        twin = copy.deepcopy(model)
+        for parameter in twin.parameters():  # a different model from here on
+            parameter.mul_(0.5)
+        _, copied = run_with_cache(twin, **inputs, names=names)
+        _, again = run_with_cache(model, **inputs, names=names)
+        zeroed = run_with_hooks(twin, **inputs, hooks=[
+            ("blocks.0.attn.hook_z", lambda z, name: torch.zeros_like(z))])
+        plain = model(**inputs)
+    assert sorted(copied) == sorted(names)  # every point of the copy fired
+    for name in names:
+        assert (copied[name] - original[name]).abs().max() > 1e-4  # the copy's own values
+        assert torch.equal(again[name], original[name])  # the original is untouched
+    assert (zeroed.logits - plain.logits).abs().max() > 1e-4
+    assert torch.equal(model(**inputs).logits, plain.logits)

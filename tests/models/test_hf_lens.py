@@ -452,3 +452,30 @@ def test_bad_path_patch_requests_are_named(models) -> None:
         path_patch(model, clean, dirty, sender=(0, 0), receivers=[(1, 0)], positions=[9])
     with pytest.raises(AttnlabError, match="corrupted: expected inputs of the clean run's"):
         path_patch(model, clean, {"input_ids": IDS[:, :5]}, sender=(0, 0), receivers=[(1, 0)])
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_ablation_effects_are_the_relative_change_weight_surgery_gives(models, kind) -> None:
+    from attnlab.lens.hf_lens import ablation_effects
+
+    model = models[kind]
+    effects = ablation_effects(model, input_ids=IDS)
+    assert effects.shape == (2, 4) and (effects > 0).all()
+    with torch.no_grad():
+        plain = model(input_ids=IDS).logits.double()
+        for layer, head in ((0, 1), (1, 2)):
+            edited = _surgery(model, layer, head)(input_ids=IDS).logits.double()
+            expected = float((edited - plain).norm() / plain.norm())
+            # float32 logits, the same operations on zeros instead of zeroed weights
+            assert effects[layer, head] == pytest.approx(expected, rel=1e-4, abs=1e-7)
+
+    def metric(output):  # log-probability of one token at the last position
+        return torch.log_softmax(output.logits[0, -1], dim=-1)[2003]
+
+    drops = ablation_effects(model, metric, input_ids=IDS)
+    with torch.no_grad():
+        expected = float(metric(model(input_ids=IDS))) - float(
+            metric(_surgery(model, 1, 2)(input_ids=IDS)))
+    assert drops[1, 2] == pytest.approx(expected, abs=1e-5)
+    with pytest.raises(AttnlabError, match="metric: expected a function"):
+        ablation_effects(model, 3, input_ids=IDS)

@@ -141,3 +141,52 @@ def test_bad_requests_are_one_clear_error(folders, tmp_path) -> None:
         load_hf(str(tmp_path / "missing"))
     with pytest.raises(AttnlabError, match="text: expected some text"):
         run_hf(encoder, "  ")
+
+
+def test_scales_without_scaling_are_fitted_and_checked(folders) -> None:
+    """A module without ``scaling``: the least-squares scale of the model's own scores,
+    which is Llama's 1/√D; a wrong ``scaling`` is caught, not shown as the score."""
+    from types import SimpleNamespace
+
+    from attnlab.lens.hf_points import attention_modules
+    from attnlab.lens.hf_runs import score_scales
+
+    hf = load_hf(str(folders["llama"]))
+    run = run_hf(hf, TEXT)
+    assert run.neuron_note is None
+    np.testing.assert_allclose(run.scales, [8 ** -0.5] * 2, rtol=0, atol=1e-12)
+    L, H, T, _ = run.weights.shape
+    groups = H // run.k.shape[1]
+    scores = np.einsum("lhtd,lhsd->lhts", run.q, np.repeat(run.k, groups, axis=1)) * 8 ** -0.5
+    scores = np.where(np.tril(np.ones((T, T), dtype=bool)), scores, -np.inf)
+    bare = [SimpleNamespace() for _ in range(L)]  # no .scaling, no soft cap
+    fitted, note = score_scales(hf, bare, run.q, run.k, scores, run.weights)
+    assert note is None
+    np.testing.assert_allclose(fitted, [8 ** -0.5] * 2, rtol=1e-12)  # float64 fit of exact data
+    wrong = [SimpleNamespace(scaling=0.5) for _ in range(L)]
+    scales, note = score_scales(hf, wrong, run.q, run.k, scores, run.weights)
+    assert scales is None and note is not None and note.key == "hf.neuron_scale"
+    assert "layer 1" in note.render("en")
+    assert len(attention_modules(hf.model)) == L
+
+
+def test_a_soft_capped_model_has_no_neuron_view(tmp_path, capsys) -> None:
+    """Gemma 2 caps its scores (cap·tanh(s/cap)): q·k × scale is not the score, so run_hf
+    gives no scales and says why, and inspect's page has no neuron view."""
+    from tests.hf.tiny_models import saved
+
+    from attnlab.cli.app import main
+
+    folder = saved("gemma2")
+    hf = load_hf(str(folder))
+    run = run_hf(hf, TEXT)
+    assert run.scales is None and run.neuron_note is not None
+    assert run.neuron_note.key == "hf.neuron_softcap"
+    assert "softcap 2.0" in run.neuron_note.render("en")
+    assert "上限压缩" in run.neuron_note.render("zh")
+    assert np.isfinite(run.weights).all()  # the weights are still there
+    code = main(["inspect", "--model", str(folder), TEXT, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 0 and "note: no neuron view for" in err and "softcap 2.0" in err, err
+    html = (tmp_path / "view.html").read_text(encoding="utf-8")
+    assert '"neuron"' not in html and '"value_norms"' in html

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from attnlab.errors import AttnlabError  # noqa: E402
+from attnlab.errors import AttnlabError
 from attnlab.models import (  # noqa: E402
     BertModel,
     ModelFileError,
@@ -234,6 +234,10 @@ def test_fused_forward_on_any_bert_and_its_fallback(tiny_dir):
     model.layers[1].norm = "pre"
     np.testing.assert_allclose(model.forward(ids, real), plain_forward(model, ids, real),
                                rtol=0, atol=1e-6)  # the very same plain blocks
+    model.layers[1].norm = "post"
+    model.layers[0].attn.scale = 0.9  # an own scale (D = 4: 0.5 by default), not fused
+    np.testing.assert_allclose(model.forward(ids, real), plain_forward(model, ids, real),
+                               rtol=0, atol=1e-6)
 
 
 def pack(ids: np.ndarray, real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -103,3 +103,27 @@ def test_errors_are_one_line(capsys, tmp_path, args, message):
     code = main(["inspect", "a cat", *args, "--out", str(tmp_path)])
     _, err = capsys.readouterr()
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_ablation_effects_fill_the_pages_head_table(models, tmp_path, capsys):
+    """--ablation: the page's head table holds ‖y_ablated − y‖ / ‖y‖ for each head zeroed,
+    the change weight surgery on the eager model gives (o_proj's columns of the head)."""
+    code = main(["inspect", "--model", str(models["llama"]), TEXT, "--ablation",
+                 "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    table = np.array(page_data(tmp_path)["importance"])
+    assert table.shape == (2, 4)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(models["llama"])
+    ids = tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        models["llama"], attn_implementation="eager").eval()
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits.double()
+        model.model.layers[1].self_attn.o_proj.weight[:, 2 * 8:3 * 8] = 0
+        edited = model(input_ids=ids).logits.double()
+    # eager vs attnlab's attention in float32 (differences ~1e-7 of logits ~1): 1e-4 relative
+    assert table[1, 2] == pytest.approx(float((edited - plain).norm() / plain.norm()), rel=1e-4)
+    plain_page = tmp_path / "plain"
+    assert main(["inspect", "--model", str(models["llama"]), TEXT, "--out",
+                 str(plain_page)]) == 0
+    assert "importance" not in page_data(plain_page)  # only when asked for

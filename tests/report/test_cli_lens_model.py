@@ -182,3 +182,18 @@ def test_lens_analysis_errors_in_chinese(capsys, tmp_path, llama) -> None:
     code = main(["lens", "a cat", "--analysis", "dla", "--out", str(tmp_path), "--lang", "zh"])
     _, err = capsys.readouterr()
     assert code == 2 and "--analysis：只用于 --model" in err, err
+
+
+def test_attribution_refuses_a_norm_it_cannot_freeze_in_both_languages(capsys, tmp_path) -> None:
+    """Gemma 2's final RMSNorm multiplies by (1 + weight): the attribution says it cannot
+    freeze it, in the language of --lang."""
+    from tests.hf.tiny_models import saved
+
+    folder = saved("gemma2")
+    capsys.readouterr()  # saving the folder may draw a progress bar
+    for lang, text in (("en", "model: the final norm Gemma2RMSNorm is neither"),
+                       ("zh", "model：最终归一化层 Gemma2RMSNorm 既不是")):
+        code = main(["lens", "--model", str(folder), CLEAN, "--analysis", "dla", "--lang", lang,
+                     "--out", str(tmp_path)])
+        _, err = capsys.readouterr()
+        assert code == 2 and text in err and err.count("\n") == 1, err

@@ -21,7 +21,7 @@ def _run(capsys, *args):
 def test_every_lab_flag_runs_and_shows_its_steps(capsys):
     code, out, err = _run(capsys, "--tokens", "the cat sat on the mat", "--pos", "rope",
                           "--padding", "1,1,1,1,1,0", "--norm", "post", "--heads", "2",
-                          "--split", "seed001", "--d-model", "8", "--causal")
+                          "--split", "fused", "--d-model", "8", "--causal")
     assert code == 0, err
     for needle in ("Q_all = X·Wq", "Queries after RoPE", "Masked scores", "Concatenated heads",
                    "Projected output", "Residual connection", "LayerNorm (post-LN)",
@@ -49,7 +49,7 @@ def test_saturated_input_is_noted(capsys):
     (["--padding", "1,1"], "--padding: expected 3 values of 1 (a real token) or 0"),
     (["--padding", "1,2,1"], "--padding: expected 3 values"),
     (["--pos", "rope", "--d-k", "3"], "d_k: pos='rope' rotates pairs of features"),
-    (["--split", "seed001", "--heads", "3"], "split='seed001' divides E = 4 into 3 heads"),
+    (["--split", "fused", "--heads", "3"], "split='fused' divides E = 4 into 3 heads"),
 ])
 def test_lab_flag_errors_are_one_line(capsys, args, message):
     code, out, err = _run(capsys, *args)

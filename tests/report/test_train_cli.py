@@ -27,7 +27,7 @@ def test_train_writes_every_output(capsys, tmp_path):
                 "first_half_loss", "second_half_loss"):
         assert key in metrics
     assert metrics["task"] == "induction" and metrics["steps"] == 3
-    assert metrics["model"]["attn_only"] is True and metrics["model"]["positions"] == "rope"
+    assert metrics["model"]["attn_only"] is True and metrics["model"]["pos"] == "rope"
     assert np.array(metrics["head_scores"]["induction"]).shape == (1, 2)
     saved = np.load(tmp_path / "attention.npz")
     assert saved["weights"].shape == (1, 2, 32, 32) and saved["weights"].dtype == np.float32
@@ -43,7 +43,7 @@ def test_train_writes_every_output(capsys, tmp_path):
 
 def test_train_sort_reports_heldout_accuracy_in_chinese(capsys, tmp_path):
     code = main(["train", "sort", *TINY, "--lang", "zh", "--no-scale", "--norm", "post",
-                 "--positions", "sinusoidal", "--out", str(tmp_path)])
+                 "--pos", "sinusoidal", "--out", str(tmp_path)])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "留出集完全正确率" in out and "已写入" in err

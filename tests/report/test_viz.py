@@ -21,7 +21,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from attnlab.errors import AttnlabError, ShapeError  # noqa: E402
+from attnlab.errors import AttnlabError, ShapeError
 from attnlab.report import fonts  # noqa: E402
 from attnlab.report.heatmaps import (  # noqa: E402
     CJK_FONT_ENV,

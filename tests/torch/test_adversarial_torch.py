@@ -204,7 +204,7 @@ def test_kv_cache_twins_take_numpy_scalars_and_agree(scale):
 # ---------------------------------------------------------------- E. sizes from arguments
 
 
-LIMIT = r"more than attnlab's limit of 2,147,483,648 \(attnlab\.errors\.MAX_ELEMENTS\)"
+LIMIT = r"more than attnlab's limit of 2,147,483,648 \(attnlab\.checks\.MAX_ELEMENTS\)"
 
 HUGE = [
     (lambda: at.causal_mask(10**6), r"T: the causal mask \(T, S\)"),
@@ -228,7 +228,7 @@ def test_a_huge_size_is_refused_before_allocating(call, message):
 
 
 def test_a_torch_kv_cache_refuses_to_grow_past_the_limit(monkeypatch):
-    monkeypatch.setattr(attnlab.errors, "MAX_ELEMENTS", 1000)
+    monkeypatch.setattr(attnlab.checks, "MAX_ELEMENTS", 1000)
     lib, make = at, torch.zeros
     cache = lib.KVCache(1, 2, 4, capacity=100)  # (1, 2, 100, 4): 800 elements
     cache.append(make((1, 2, 100, 4)), make((1, 2, 100, 4)))

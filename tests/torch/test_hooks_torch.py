@@ -21,7 +21,7 @@ from attnlab import SelfAttentionLayer as NpLayer
 from attnlab.lens import hook_names, run_with_cache, run_with_hooks
 from attnlab.torch import MultiHeadAttention, SelfAttentionLayer
 from attnlab.torch.models import BertModel
-from attnlab.train.model import Decoder, ModelConfig
+from attnlab.train.model import Decoder, DecoderConfig
 
 IDS = np.array([[1, 5, 7, 2, 3], [1, 9, 2, 0, 0]])
 REAL = (IDS != 0).astype(np.int64)
@@ -43,7 +43,7 @@ def test_numpy_and_torch_blocks_expose_the_same_names():
     torch_bert = BertModel.from_numpy(np_bert)
     assert hook_names(np_bert) == hook_names(torch_bert)
     assert _strip_blocks(hook_names(torch_bert)) == hook_names(EncoderBlock(8, 2, 12))
-    decoder = Decoder(ModelConfig(vocab_size=10, max_len=8, d_model=16, num_heads=2))
+    decoder = Decoder(DecoderConfig(vocab_size=10, max_len=8, d_model=16, num_heads=2))
     assert _strip_blocks(hook_names(decoder)) == hook_names(EncoderBlock(8, 2, 12, norm="pre"))
     assert hook_names(decoder)[-1] == "ln_final.hook_normalized"
 

@@ -161,6 +161,8 @@ CASES = [
      r"got head dims D = 3, Dv = 3 with H = 2, E = 8$"),
     (lambda: at.to_torch_multihead(mha(d_out=4)), AttnlabError, r"got d_out = 4$"),
     (lambda: at.to_torch_multihead(mha(alibi=True)), AttnlabError, r"got rope/alibi$"),
+    (lambda: at.to_torch_multihead(mha(scale=0.5)), AttnlabError,
+     r"got scale = 0.5 \(nn.MultiheadAttention scales by 1/√D\)$"),
     (lambda: at.from_torch_multihead(nn.Linear(2, 2)), AttnlabError,
      r"^module: expected a torch.nn.MultiheadAttention, got Linear$"),
     (lambda: at.MultiHeadAttention(2, 8, add_bias_kv=True).to_numpy(), AttnlabError,

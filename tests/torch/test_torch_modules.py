@@ -266,3 +266,22 @@ def test_layer_norm_of_huge_values_matches_the_numpy_core_not_nan():
     x32 = torch.tensor([[3e38, -3e38, 0.0, 1.0], [3e38, 3e38, 3e38, 3e38]])
     out32 = at.LayerNorm(4)(x32)
     assert torch.isfinite(out32).all() and (out32[1] == 0).all()  # a constant row: 0
+
+
+@pytest.mark.parametrize("scale", [None, 1.0, 0.3])
+def test_mha_scale_matches_the_numpy_twin_and_survives_conversion(scale):
+    """Both twins multiply the scores by ``scale`` (None: 1/√D); the conversions keep it.
+    float64 on both sides, the same sums in a different order: 1e-12."""
+    core = attnlab.MultiHeadAttention.init(2, 8, seed=4, scale=scale)
+    module = at.MultiHeadAttention.from_numpy(core)
+    assert module.scale == scale and module.to_numpy().scale == scale
+    x = np.random.default_rng(0).standard_normal((2, 5, 8))
+    mask = np.tril(np.ones((5, 5), dtype=bool))
+    expected, expected_weights = core(x, mask=mask, return_weights=True)
+    t = torch.from_numpy(x)
+    out, weights = module(t, t, t, mask=torch.from_numpy(mask), return_weights=True)
+    np.testing.assert_allclose(out.detach().numpy(), expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(weights.detach().numpy(), expected_weights, rtol=1e-12,
+                               atol=1e-12)
+    if scale is not None:
+        assert f"scale={scale:g}" in repr(module)

@@ -8,7 +8,7 @@ import pytest
 
 from attnlab.cli.train import _summary
 from attnlab.errors import AttnlabError
-from attnlab.train import ModelConfig, TrainConfig, next_output_scores, train
+from attnlab.train import DecoderConfig, TrainConfig, next_output_scores, train
 from attnlab.train.tasks import IGNORE, make_task
 
 # One sort example, length 4: prompt 3 1 2 1, answer 1 1 2 3. The model reads
@@ -87,7 +87,7 @@ def test_bad_input_is_named():
 
 def test_the_sort_report_carries_next_output():
     task = make_task("sort", length=4, digits=5, heldout=50)
-    config = ModelConfig(task.vocab_size, task.seq_len, d_model=16, num_heads=2, num_layers=2)
+    config = DecoderConfig(task.vocab_size, task.seq_len, d_model=16, num_heads=2, num_layers=2)
     result = train(task, config, TrainConfig(steps=6, batch_size=8, snapshots=3,
                                              snapshot_batch=10))
     history = result.head_history["next_output"]

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.errors import AttnlabError
-from attnlab.train import Decoder, ModelConfig, TrainConfig, evaluate, snapshot_steps, train
+from attnlab.train import Decoder, DecoderConfig, TrainConfig, evaluate, snapshot_steps, train
 from attnlab.train.tasks import make_task
 
 TINY = {"d_model": 16, "num_heads": 2, "num_layers": 2}
@@ -22,7 +22,7 @@ def _run(seed=0, task_name="sort", **model):
     task = make_task(task_name, **({"length": 4, "digits": 5, "heldout": 50}
                                    if task_name == "sort" else {"period": 4, "vocab": 6,
                                                                 "heldout": 40}))
-    config = ModelConfig(task.vocab_size, task.seq_len, **{**TINY, **model})
+    config = DecoderConfig(task.vocab_size, task.seq_len, **{**TINY, **model})
     return train(task, config, TrainConfig(steps=12, batch_size=8, seed=seed, snapshots=4,
                                            snapshot_batch=10, warmup=3))
 
@@ -41,7 +41,7 @@ def test_same_seed_same_numbers():
 def test_what_a_run_records():
     steps: list[int] = []
     task = make_task("induction", period=4, vocab=6, heldout=40)
-    config = ModelConfig(task.vocab_size, task.seq_len, attn_only=True, positions="rope", **TINY)
+    config = DecoderConfig(task.vocab_size, task.seq_len, attn_only=True, pos="rope", **TINY)
     result = train(task, config, TrainConfig(steps=10, batch_size=4, snapshots=3,
                                              snapshot_batch=5),
                    on_step=lambda step, total, loss: steps.append(step))
@@ -83,7 +83,7 @@ def _manual_layer0_weights(model, ids, scale):
 
 @pytest.mark.parametrize("scale", [True, False])
 def test_scaling_on_and_off(scale):
-    config = ModelConfig(7, 6, d_model=32, num_heads=2, attn_only=True, positions="none",
+    config = DecoderConfig(7, 6, d_model=32, num_heads=2, attn_only=True, pos="none",
                          scale=scale)  # D = 16: the √D factors are powers of two
     model = Decoder(config, seed=1).eval()
     ids = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(0))
@@ -94,7 +94,7 @@ def test_scaling_on_and_off(scale):
 
 
 def test_zero_ablation_is_removing_the_heads_columns_of_the_output_projection():
-    config = ModelConfig(7, 6, **TINY)
+    config = DecoderConfig(7, 6, **TINY)
     model = Decoder(config, seed=2).eval()
     ids = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(1))
     with torch.no_grad(), model.ablate([(1, 0)]):
@@ -110,7 +110,7 @@ def test_zero_ablation_is_removing_the_heads_columns_of_the_output_projection():
 
 
 def test_mean_ablation_is_a_constant_head_output():
-    config = ModelConfig(7, 6, **TINY)
+    config = DecoderConfig(7, 6, **TINY)
     model = Decoder(config, seed=2).eval()
     ids = torch.randint(0, 7, (4, 6), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -133,7 +133,7 @@ def test_mean_ablation_is_a_constant_head_output():
 
 def test_evaluate_counts_exact_matches():
     task = make_task("copy", length=3, digits=4, heldout=10)
-    model = Decoder(ModelConfig(task.vocab_size, task.seq_len, **TINY)).eval()
+    model = Decoder(DecoderConfig(task.vocab_size, task.seq_len, **TINY)).eval()
     result = evaluate(model, task)
     with torch.no_grad():
         logits = model(torch.from_numpy(task.heldout_inputs))
@@ -148,18 +148,18 @@ def test_evaluate_counts_exact_matches():
 
 
 def test_bad_settings_are_named():
-    with pytest.raises(AttnlabError, match="positions: expected one of"):
-        ModelConfig(5, 5, positions="alibi")
+    with pytest.raises(AttnlabError, match="pos: expected one of"):
+        DecoderConfig(5, 5, pos="alibi")
     with pytest.raises(AttnlabError, match="norm: expected"):
-        ModelConfig(5, 5, norm="sandwich")
+        DecoderConfig(5, 5, norm="sandwich")
     with pytest.raises(AttnlabError, match="lr: expected a finite number > 0"):
         TrainConfig(lr=0)
     with pytest.raises(AttnlabError, match="steps"):
         TrainConfig(steps=0)
     task = make_task("sort", length=3, digits=4, heldout=10)
     with pytest.raises(AttnlabError, match="model_config: expected vocab_size = 4"):
-        train(task, ModelConfig(9, 9))
-    model = Decoder(ModelConfig(4, 5, **TINY))
+        train(task, DecoderConfig(9, 9))
+    model = Decoder(DecoderConfig(4, 5, **TINY))
     with pytest.raises(AttnlabError, match="heads: expected"):
         with model.ablate([(2, 0)]):
             pass
@@ -171,7 +171,7 @@ def test_bad_settings_are_named():
 def test_ablated_heads_must_be_pairs_of_ints():
     # evaluate(ablate=[(0,)]) ended in Python's "not enough values to unpack"; (True,
     # False) was taken as head (1, 0) and 1.7 truncated.
-    model = Decoder(ModelConfig(7, 6, **TINY), seed=0)
+    model = Decoder(DecoderConfig(7, 6, **TINY), seed=0)
     task = make_task("sort", length=3, digits=7, heldout=20)
     for bad in ([(0,)], [(True, False)], [(0, 1.7)], [0]):
         with pytest.raises(AttnlabError, match=r"^ablate: expected \(layer, head\) pairs of "
@@ -189,7 +189,7 @@ def test_a_diverging_run_reports_where_instead_of_raising():
     import json
 
     task = make_task("sort", length=4, digits=5, heldout=50)
-    config = ModelConfig(task.vocab_size, task.seq_len, **TINY)
+    config = DecoderConfig(task.vocab_size, task.seq_len, **TINY)
     result = train(task, config, TrainConfig(steps=30, batch_size=8, lr=1e6, snapshots=31,
                                              snapshot_batch=10))
     assert result.diverged_at is not None and 1 <= result.diverged_at < 30
@@ -200,3 +200,14 @@ def test_a_diverging_run_reports_where_instead_of_raising():
     assert step is not None and math.isfinite(loss) and loss == result.losses[step - 1]
     assert all(np.isfinite(result.losses[:step]))
     assert result.snapshot_steps[-1] < result.diverged_at  # only finite snapshots kept
+
+
+def test_former_names_of_the_config_still_work_and_warn():
+    import attnlab.train
+
+    with pytest.warns(DeprecationWarning, match="DecoderConfig"):
+        old_class = attnlab.train.ModelConfig
+    assert old_class is DecoderConfig
+    with pytest.warns(DeprecationWarning, match="say pos="):
+        config = DecoderConfig(7, 6, positions="rope")
+    assert config.pos == "rope" and "positions" not in config.to_dict()

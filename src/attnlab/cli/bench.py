@@ -20,7 +20,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from ..messages import msg, render
+from ..messages import Message, msg, render
 from .args import CliError, int_list, prepare_out_dir
 
 DEFAULT_OUT = "attnlab-bench"
@@ -138,12 +138,14 @@ def build_config(args: argparse.Namespace) -> Any:
 class _ProgressBar:
     """A one-line bar redrawn in place on a terminal; a line every 10% otherwise."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, lang: str = "en") -> None:
         self.stream = stream
+        self.lang = lang
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self.last_decile = -1
 
-    def __call__(self, done: int, total: int, label: str) -> None:
+    def __call__(self, done: int, total: int, message: Message) -> None:
+        label = message.render(self.lang)
         fraction = done / total if total else 1.0
         if self.tty:
             filled = int(fraction * 30)
@@ -191,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = build_config(args)
     prepare_out_dir(args.out)  # now, not after minutes of measuring
-    progress = None if args.no_progress else _ProgressBar(sys.stderr)
+    progress = None if args.no_progress else _ProgressBar(sys.stderr, args.lang)
     result = run_benchmarks(config, progress=progress)
     print(format_table(result, args.lang))
     for path in write_report(result, args.out, plots=not args.no_plots, lang=args.lang):

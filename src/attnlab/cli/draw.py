@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..messages import msg
+from ..messages import msg, render
 from .args import CliError, prepare_out_dir, text_argument
 
 NAMES = ("dataflow", "flash", "kvcache", "positions", "sparse")
@@ -58,7 +58,6 @@ def run(args: argparse.Namespace) -> int:
     if args.d_model is not None:
         sizes["d_model"] = args.d_model
     folder = prepare_out_dir(args.out)
-    label = "已写入" if args.lang == "zh" else "wrote"
     paths = []
     for name in names:
         if name == "dataflow":
@@ -67,5 +66,5 @@ def run(args: argparse.Namespace) -> int:
         else:
             paths.extend(draw_all(folder, lang=args.lang, names=[name]))
     for path in paths:
-        print(f"{label} {path}")
+        print(render("cli.wrote", args.lang, path=path))
     return 0

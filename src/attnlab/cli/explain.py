@@ -6,12 +6,19 @@ import argparse
 import sys
 from typing import Any
 
-from ..messages import msg
+from ..lens.explain import FORMER_SPLITS, SPLITS
+from ..messages import msg, render
 from .args import CliError, parse_matrix, prepare_out_dir, text_argument
 
 #: explain prints every matrix; past this many numbers the text is unreadable and
 #: slow (500 tokens × 8 features is ~0.8 million numbers, ~4 s).
 MAX_PRINTED = 2_000_000
+
+
+def _split_name(value: str) -> str:
+    """``--split``'s value; its former values ("seed000", "seed001", which read like a
+    random seed beside ``--seed``) are still read, as the layouts they named."""
+    return FORMER_SPLITS.get(value, value)
 
 
 def add_parser(sub: Any) -> None:
@@ -27,7 +34,7 @@ def add_parser(sub: Any) -> None:
                     help="input X (T×E): inline '1,0,1,0; 0,2,0,2' or JSON, or a .npy/.csv file")
     ex.add_argument("--d-k", type=int,
                     help="head dim d_k (default 3; 4 with --pos rope; E / heads with "
-                         "--split seed001)")
+                         "--split fused)")
     ex.add_argument("--d-model", type=int,
                     help="embedding width for --tokens without --x (default 4)")
     ex.add_argument("--heads", type=int, default=1, help="number of heads (default 1)")
@@ -47,10 +54,10 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--padding", metavar="1,1,0",
                     help="padding mask, one 1 (a real token) or 0 (padding) per token: "
                          "no token attends to padding")
-    ex.add_argument("--split", choices=["seed000", "seed001"], default="seed000",
-                    help="multi-head layout: seed000 (each head its own columns of Wq) or "
-                         "seed001 (one projection, then .view(T, H, d_k).transpose); the same "
-                         "computation")
+    ex.add_argument("--split", type=_split_name, choices=SPLITS, default="per_head",
+                    help="multi-head layout: per_head (seed 000: each head its own columns "
+                         "of Wq) or fused (seed 001: one projection, then "
+                         ".view(T, H, d_k).transpose); the same computation")
     ex.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     ex.add_argument("--init", choices=["normal", "xavier", "xavier_normal"], default="normal",
                     help="weight initialisation (default normal, as the seeds' randn)")
@@ -81,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         T, E = (3, 4) if tokens is None else (len(tokens), d_model)
     d_k = args.d_k
-    if d_k is None and args.split == "seed000":
+    if d_k is None and args.split == "per_head":
         d_k = 4 if args.pos == "rope" else 3
     key_padding = _padding(args.padding, T) if args.padding is not None else None
     _check_printable(T, E, args.heads, d_k or max(1, E // max(1, args.heads)),
@@ -102,9 +109,8 @@ def run(args: argparse.Namespace) -> int:
         print(to_text(trace, args.lang, precision=args.precision))
     if out_dir is not None:
         written = save(trace, out_dir, lang=args.lang)
-        label = "已写入" if args.lang == "zh" else "wrote"
         for path in written:
-            print(f"{label} {path}", file=sys.stderr)
+            print(render("cli.wrote", args.lang, path=path), file=sys.stderr)
     return 0
 
 

@@ -59,6 +59,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--generate", type=int, metavar="N", default=0,
                    help="decoders: generate N tokens greedily after TEXT; the page shows the "
                    "prompt and generated tokens apart and a step slider over the KV cache")
+    p.add_argument("--ablation", action="store_true",
+                   help="also zero each head alone and show how much the output changes "
+                   "(||y_ablated - y|| / ||y||) in the page's head table; one more run per "
+                   "head (through transformers and attnlab's hook points)")
     p.add_argument("--trust-remote-code", action="store_true", dest="trust_remote_code",
                    help="let transformers run code shipped in the model folder (never by "
                    "default)")
@@ -137,10 +141,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _through_transformers(args: argparse.Namespace) -> bool:
-    """Pairs, generation, remote code and any model but a local BERT folder run through
+    """Pairs, generation, remote code, ablation and any model but a local BERT folder run through
     transformers (attnlab.lens.hf_runs); MiniLM, BERT folders and folders whose config.json
     is not a readable JSON object on attnlab's own BERT, whose reader says what is wrong."""
-    if args.pair is not None or args.generate or args.trust_remote_code:
+    if args.pair is not None or args.generate or args.trust_remote_code or args.ablation:
         return True
     if args.model is None:
         return False

@@ -9,7 +9,8 @@ points q, k, v and the pattern read with ``run_with_cache``). The outputs are th
 of MiniLM's inspect (grid.png, head.png, view.html, diagnostics.json and the printed
 tables); the page adds what a decoder needs: hatched not-allowed cells, prompt and
 generated tokens apart with a step slider, grouped heads (GQA), the neuron view and
-the norms view. Code in the model folder never runs unless --trust-remote-code is
+the norms view; with --ablation, the head table holds how much the output changes when
+each head alone is zeroed. Code in the model folder never runs unless --trust-remote-code is
 given.
 """
 
@@ -62,7 +63,7 @@ def run_transformers(args: argparse.Namespace) -> int:
         hf = load_hf(args.model if args.model is not None else str(minilm_path()),
                      trust_remote_code=args.trust_remote_code, max_length=args.max_length,
                      label=None if args.model is not None else "all-MiniLM-L6-v2")
-        run = run_hf(hf, text, pair=pair, generate=args.generate)
+        run = run_hf(hf, text, pair=pair, generate=args.generate, ablation=args.ablation)
     except AttnlabError as exc:
         # The library names its arguments (model, generate); the command line its flags.
         message = exc.message
@@ -82,15 +83,20 @@ def run_transformers(args: argparse.Namespace) -> int:
         "prompt_length": run.prompt_length if args.generate else None,
         "heads_per_kv": H // Hkv,
         "segments": run.segments,
-        "queries": run.q[np.ix_(layers, heads)],
-        "keys": run.k[layers],
-        "scales": run.scales[layers],
+        # the neuron view, where the scores are q·k × one scale per layer
+        "queries": None if run.scales is None else run.q[np.ix_(layers, heads)],
+        "keys": None if run.scales is None else run.k[layers],
+        "scales": None if run.scales is None else run.scales[layers],
         "value_norms": run.value_norms[np.ix_(layers, heads)],
+        # the head table: how much the output changes when each head is zeroed
+        "importance": None if run.ablation is None else run.ablation[np.ix_(layers, heads)],
     }
     if args.generate:
         pieces = hf.tokenizer.decode(run.generated.tolist())
         print(f"生成的 {args.generate} 个词元：{pieces}" if zh
               else f"generated {args.generate} tokens: {pieces}", file=sys.stderr)
+    if run.neuron_note is not None:
+        print(run.neuron_note.render(args.lang), file=sys.stderr)
     if not run.is_causal and run.prompt_length == hf.tokenizer.model_max_length:
         print("注意：文本被截断到模型的最大长度" if zh
               else "note: the text was cut at the model's maximum length", file=sys.stderr)

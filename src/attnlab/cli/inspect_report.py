@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from ..messages import msg
+from ..messages import msg, render
 from .args import CliError
 
 #: Default texts whose every character the model's vocabulary knows (no [UNK]), each
@@ -114,9 +114,8 @@ def report(args: argparse.Namespace, out: Any, weights: Any, tokens: list[str],
             print()
         print(diagnostics_table(_renumbered(diagnostics, layers, heads), args.lang))
         print(_detector_lines(detectors, layers, heads, zh))
-    label = "已写入" if zh else "wrote"
     for path in written:
-        print(f"{label} {path}", file=sys.stderr)
+        print(render("cli.wrote", args.lang, path=path), file=sys.stderr)
     return 0
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..messages import msg
+from ..messages import msg, render
 from .args import CliError, prepare_out_dir, text_argument
 
 #: ``--analysis`` on a Hugging Face decoder (:mod:`attnlab.cli.lens_hf`).
@@ -152,9 +152,8 @@ def run(args: argparse.Namespace) -> int:
             print("置零每个头后相似度的变化 (×1000)：" if zh else
                   "change of that similarity (x1000), each head zeroed:")
             print(table_text(result.similarity_change, args.lang))
-    label = "已写入" if zh else "wrote"
     for path in written:
-        print(f"{label} {path}", file=sys.stderr)
+        print(render("cli.wrote", args.lang, path=path), file=sys.stderr)
     return 0
 
 

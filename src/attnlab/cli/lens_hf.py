@@ -36,9 +36,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from ..messages import msg
+from ..messages import msg, render
 from .args import CliError, prepare_out_dir, text_argument
 
 
@@ -99,7 +97,7 @@ def run_transformers_lens(args: argparse.Namespace, table_text: Callable[..., st
         report.update(_overview(args, loaded, ids, table_text))
     (out / "lens.json").write_text(json.dumps(report, ensure_ascii=False, indent=2) + "\n",
                                    encoding="utf-8")
-    print(f"{'已写入' if zh else 'wrote'} {out / 'lens.json'}", file=sys.stderr)
+    print(render("cli.wrote", args.lang, path=out / "lens.json"), file=sys.stderr)
     return 0
 
 
@@ -226,7 +224,12 @@ def _overview(args: argparse.Namespace, loaded: Any, ids: Any,
     """Ablation, importance, logit lens and detectors on TEXT."""
     import torch
 
-    from ..lens.hf_lens import ablate_heads, head_importance, logit_lens, repeated_tokens_scores
+    from ..lens.hf_lens import (
+        ablation_effects,
+        head_importance,
+        logit_lens,
+        repeated_tokens_scores,
+    )
 
     zh = args.lang == "zh"
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -238,9 +241,7 @@ def _overview(args: argparse.Namespace, loaded: Any, ids: Any,
     L, H = loaded.num_layers, loaded.num_heads
     with torch.no_grad():
         base = float(measure(model(input_ids=ids)))
-        drop = np.array([[base - float(measure(ablate_heads(model, [(layer, head)],
-                                                             how=args.how, input_ids=ids)))
-                          for head in range(H)] for layer in range(L)])  # (L, H)
+    drop = ablation_effects(model, measure, how=args.how, input_ids=ids)  # (L, H)
     importance = head_importance(model, measure, input_ids=ids)  # (L, H)
     lens, _ = logit_lens(model, input_ids=ids)  # (L, T, V)
     top = [tokenizer.convert_ids_to_tokens(int(lens[layer, -1].argmax())) for layer in range(L)]

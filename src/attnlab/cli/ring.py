@@ -18,10 +18,9 @@ import json
 import sys
 from typing import Any
 
-from ..messages import msg
+from ..distributed.layouts import LAYOUTS
+from ..messages import msg, render
 from .args import CliError, check_memory, prepare_out_dir
-
-LAYOUT_CHOICES = ("contiguous", "zigzag", "striped")
 
 
 def add_parser(sub: Any) -> None:
@@ -41,7 +40,7 @@ def add_parser(sub: Any) -> None:
                    help="key/value heads Hkv, dividing H (default H)")
     p.add_argument("--head-dim", type=int, default=64, help="head dim D (default 64)")
     p.add_argument("--batch", type=int, default=1, help="batch B (default 1)")
-    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="zigzag",
+    p.add_argument("--layout", choices=LAYOUTS, default="zigzag",
                    help="how positions are split over ranks (default zigzag)")
     p.add_argument("--causal", action="store_true", help="causal attention")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
@@ -135,15 +134,15 @@ def _run_simulation(settings: Any, args: argparse.Namespace, folder: Any) -> int
         print(text)
     if folder is not None:
         (folder / "ring.txt").write_text(text + "\n", encoding="utf-8")
-        print(f"wrote {folder / 'ring.txt'}", file=sys.stderr)
+        print(render("cli.wrote", args.lang, path=folder / "ring.txt"), file=sys.stderr)
         try:
             from ..report.figures import save_figure
             from ..report.ring import ring_figure
 
             png = save_figure(ring_figure(sim.report, args.lang), folder / "ring.png")
-            print(f"wrote {png}", file=sys.stderr)
+            print(render("cli.wrote", args.lang, path=png), file=sys.stderr)
         except ImportError as exc:
-            print(f"note: no picture ({exc})", file=sys.stderr)
+            print(render("cli.no_plot", args.lang, reason=exc), file=sys.stderr)
     return 0
 
 

@@ -2,7 +2,7 @@
 
     attnlab train sort --out sort/                 # exact match on 5000 held-out lists
     attnlab train induction --out ind/             # a previous-token head, then an induction head
-    attnlab train reverse --positions none --steps 500 --lang zh
+    attnlab train reverse --pos none --steps 500 --lang zh
 
 Writes into --out: metrics.json, attention.npz (weights (L, H, T, T) of the first
 held-out example at the last step, its tokens, and for induction the period),
@@ -50,8 +50,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--attn-only", action=argparse.BooleanOptionalAction, default=None,
                    dest="attn_only", help="attention-only blocks, no MLP (default: induction "
                    "only)")
+    p.add_argument("--pos", choices=["learned", "sinusoidal", "rope", "none"],
+                   help="positional encoding (default learned; induction rope)")
+    # The former name of --pos, still read (hidden from the help).
     p.add_argument("--positions", choices=["learned", "sinusoidal", "rope", "none"],
-                   help="position information (default learned; induction rope)")
+                   dest="pos", help=argparse.SUPPRESS)
     p.add_argument("--norm", choices=["pre", "post"], default="pre",
                    help="LayerNorm placement (default pre)")
     p.add_argument("--no-scale", action="store_true", dest="no_scale",
@@ -133,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..report import save_figure
     from ..report.training import plot_training, training_html
-    from ..train import ModelConfig, TrainConfig, ablation_check, defaults_for, train
+    from ..train import DecoderConfig, TrainConfig, ablation_check, defaults_for, train
     from ..train.tasks import make_task
 
     zh = args.lang == "zh"
@@ -141,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     model_options, train_options = chosen["model"], chosen["train"]
     for key, value in (("num_layers", args.layers), ("num_heads", args.heads),
                        ("d_model", args.d_model), ("head_dim", args.head_dim),
-                       ("attn_only", args.attn_only), ("positions", args.positions)):
+                       ("attn_only", args.attn_only), ("pos", args.pos)):
         if value is not None:
             model_options[key] = value
     model_options.update(norm=args.norm, scale=not args.no_scale)
@@ -151,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             train_options[key] = value
     train_options["seed"] = args.seed
     task = make_task(args.task, seed=args.seed)
-    model_config = ModelConfig(task.vocab_size, task.seq_len, **model_options)
+    model_config = DecoderConfig(task.vocab_size, task.seq_len, **model_options)
     config = TrainConfig(**train_options)
     print(("任务 " if zh else "task ") + task.describe(), file=sys.stderr)
     result = train(task, model_config, config,
@@ -208,9 +211,8 @@ def run(args: argparse.Namespace) -> int:
     written.append(path)
 
     print(_summary(metrics, zh))
-    label = "已写入" if zh else "wrote"
     for item in written:
-        print(f"{label} {item}", file=sys.stderr)
+        print(render("cli.wrote", args.lang, path=item), file=sys.stderr)
     return 0
 
 
@@ -316,5 +318,5 @@ def _run_study(args: argparse.Namespace, out: Any) -> int:
     path.write_text(json.dumps(results, ensure_ascii=False, indent=2, allow_nan=False) + "\n",
                     encoding="utf-8")
     print(study_table(results, args.lang))
-    print(f"{'已写入' if zh else 'wrote'} {path}", file=sys.stderr)
+    print(render("cli.wrote", args.lang, path=path), file=sys.stderr)
     return 0

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import AttnlabError, check_flag, check_scale, describe
+from ..checks import check_flag, check_scale, describe
+from ..errors import AttnlabError
 from .layouts import Layout, check_layout
 
 __all__ = ["CommStats", "DistributedError", "agree", "check_group", "exchange", "ring_peers",

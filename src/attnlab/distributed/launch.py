@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..errors import check_positive_int
+from ..checks import check_positive_int
 from .comm import DistributedError
 
 __all__ = ["spawn"]

@@ -30,7 +30,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import AttnlabError, ShapeError, check_positive_int, describe
+from ..checks import check_positive_int, describe
+from ..errors import AttnlabError, ShapeError
 from ..messages import msg
 
 __all__ = [

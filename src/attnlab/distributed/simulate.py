@@ -32,8 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    ShapeError,
+from ..checks import (
     as_array,
     as_float_array,
     check_flag,
@@ -41,6 +40,7 @@ from ..errors import (
     check_scale,
     shape_str,
 )
+from ..errors import ShapeError
 from ..fast.flash import (
     DEFAULT_BLOCK_K,
     DEFAULT_BLOCK_Q,

@@ -16,15 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_array,
-    check_alloc,
-    check_flag,
-    check_positive_int,
-    shape_str,
-)
+from ..checks import as_array, check_alloc, check_flag, check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..kernel import check_inputs, check_key_padding
 from .sparse import attend_subset
 

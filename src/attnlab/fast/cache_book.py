@@ -11,8 +11,8 @@ sees, the checks and messages at its boundary) around a few array operations
 - :class:`CacheBook`: sizes, length, the checks of q, k, v and key_padding;
 - :class:`GrowingBook`: the full cache (doubling storage, or fixed by
   ``max_len``; left padding marked per row), :class:`attnlab.KVCache`;
-- :class:`RingBook`: the sliding window, a ring of W slots holding position i
-  in slot ``i mod W``, :class:`attnlab.SlidingWindowKVCache`.
+- :class:`attnlab.fast.ring_book.RingBook`: the sliding window, a ring of W
+  slots holding position i in slot ``i mod W``, :class:`attnlab.SlidingWindowKVCache`.
 
 Each twin (:mod:`attnlab.fast.kv_cache`, :mod:`attnlab.torch.kv_cache`)
 subclasses these and writes only the array operations :class:`CacheBook`
@@ -26,39 +26,42 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
 
-from ..errors import AttnlabError, check_alloc, check_flag, check_positive_int, check_scale
-from ..kernel import check_softcap
+from ..checks import check_alloc, check_flag, check_positive_int, check_scale
+from ..errors import AttnlabError
+from ..kernel_options import check_softcap
 from ..shapes import (
     check_cache_query_shape,
     check_cache_room,
     check_key_padding_shape,
     check_kv_shapes,
     grown_capacity,
-    held_positions,
-    ring_segments,
 )
 
-__all__ = ["CacheBook", "GrowingBook", "RingBook"]
+__all__ = ["CacheBook", "GrowingBook", "TwinArrays", "check_kv_pair"]
 
 #: The array type of a twin: ``numpy.ndarray`` or ``torch.Tensor``.
 A = TypeVar("A")
 
 
-class CacheBook(ABC, Generic[A]):
-    """Sizes, length and input checks of a KV cache; the array operations are the twin's.
+def check_kv_pair(k: Any, v: Any) -> None:
+    """k and v of an attend call: both (append, then attend) or neither."""
+    if (k is None) != (v is None):
+        raise AttnlabError("k, v: expected both (append, then attend) or neither (attend "
+                           f"over the cache as it is), got k {type(k).__name__} and v "
+                           f"{type(v).__name__}")
 
-    Shapes: stores keys (B, Hkv, ·, D) and values (B, Hkv, ·, Dv) in ``_keys`` and
-    ``_values``.
-    """
 
-    _keys: Any  # (B, Hkv, capacity or W, D)
-    _values: Any  # (B, Hkv, capacity or W, Dv)
+class TwinArrays(ABC, Generic[A]):
+    """The head sizes of a cache, and what each twin supplies about its arrays: the dtypes,
+    the conversions of its inputs, their device, their size (also
+    :class:`attnlab.fast.paged_book.PagedBook`'s)."""
+
     dtype: Any  # the storage dtype, set by _set_dtype
     compute_dtype: Any
 
-    def __init__(self, batch: int, num_kv_heads: int, head_dim: int,
-                 value_head_dim: int | None, dtype: Any, device: Any) -> None:
-        self.batch = check_positive_int(batch, "batch")
+    def _set_heads(self, num_kv_heads: int, head_dim: int, value_head_dim: int | None,
+                   dtype: Any, device: Any) -> None:
+        """Check and set the head sizes (Dv = D unless given), then the dtypes and device."""
         self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
         self.head_dim = check_positive_int(head_dim, "head_dim")
         self.value_head_dim = (
@@ -66,9 +69,6 @@ class CacheBook(ABC, Generic[A]):
             else check_positive_int(value_head_dim, "value_head_dim")
         )
         self._set_dtype(dtype, device)
-        self._length = 0
-
-    # ---- what each twin writes: its array operations (A = its array type) ------------
 
     @abstractmethod
     def _set_dtype(self, dtype: Any, device: Any) -> None:
@@ -76,9 +76,6 @@ class CacheBook(ABC, Generic[A]):
 
     @abstractmethod
     def _as_float(self, x: Any, name: str) -> A: ...  # or raise naming `name`
-
-    @abstractmethod
-    def _as_bool(self, x: Any, name: str) -> A: ...  # True = a real token
 
     def _check_placed(self, x: A, name: str) -> None:
         """Refuse an array on another device than the cache's (torch)."""
@@ -91,6 +88,34 @@ class CacheBook(ABC, Generic[A]):
 
     @abstractmethod
     def _to_compute(self, q: A, name: str) -> A: ...
+
+    @abstractmethod
+    def _nbytes(self, x: A) -> int: ...
+
+    def _repr_tail(self) -> str:
+        return ""  # the torch twins add their device
+
+
+class CacheBook(TwinArrays[A]):
+    """Sizes, length and input checks of a KV cache; the array operations are the twin's.
+
+    Shapes: stores keys (B, Hkv, ·, D) and values (B, Hkv, ·, Dv) in ``_keys`` and
+    ``_values``.
+    """
+
+    _keys: Any  # (B, Hkv, capacity or W, D)
+    _values: Any  # (B, Hkv, capacity or W, Dv)
+
+    def __init__(self, batch: int, num_kv_heads: int, head_dim: int,
+                 value_head_dim: int | None, dtype: Any, device: Any) -> None:
+        self.batch = check_positive_int(batch, "batch")
+        self._set_heads(num_kv_heads, head_dim, value_head_dim, dtype, device)
+        self._length = 0
+
+    # ---- what each twin writes: its array operations (A = its array type) ------------
+
+    @abstractmethod
+    def _as_bool(self, x: Any, name: str) -> A: ...  # True = a real token
 
     @abstractmethod
     def _check_sinks(self, sinks: Any, q: A) -> Any: ...  # (H,) for q (B, H, T, D)
@@ -123,9 +148,6 @@ class CacheBook(ABC, Generic[A]):
 
     @abstractmethod
     def _row_sums(self, real: A) -> A: ...  # (B, S) bool -> (B,) int64
-
-    @abstractmethod
-    def _nbytes(self, x: A) -> int: ...
 
     @abstractmethod
     def _causal(self, T: int, S: int) -> A: ...  # -> (T, S) bool, bottom-right aligned
@@ -192,10 +214,8 @@ class CacheBook(ABC, Generic[A]):
                     optional_kv: bool) -> tuple[A, A, Any, int, float, Any]:
         """The checked q, k, v, T, scale and sinks of an attend call; with ``optional_kv``,
         k = v = None attend without appending (k comes back empty, v None)."""
-        if optional_kv and (k is None) != (v is None):
-            raise AttnlabError("k, v: expected both (append, then attend) or neither (attend "
-                               f"over the cache as it is), got k {type(k).__name__} and v "
-                               f"{type(v).__name__}")
+        if optional_kv:
+            check_kv_pair(k, v)
         v_arr: Any
         if optional_kv and k is None:
             q_arr: Any = self._check_q(q, None)
@@ -208,9 +228,6 @@ class CacheBook(ABC, Generic[A]):
         scale_value = check_scale(scale, self.head_dim)
         sink_logits = self._check_sinks(sinks, q_arr)  # before anything is written
         return q_arr, k_arr, v_arr, T, scale_value, sink_logits
-
-    def _repr_tail(self) -> str:
-        return ""
 
     def __repr__(self) -> str:
         sizes = self._repr_sizes()
@@ -383,106 +400,3 @@ class GrowingBook(CacheBook[A]):
             allowed = real if allowed is None else (real & allowed)  # (B, 1, T, S)
         return self._grouped(q_arr, self._keys[:, :, :S], self._values[:, :, :S], allowed,
                              scale_value, cap, sink_logits)  # (B, H, T, Dv)
-
-
-class RingBook(CacheBook[A]):
-    """The sliding-window cache: a ring of W slots, position i in slot ``i mod W``.
-
-    Shapes: keys (B, Hkv, W, D), values (B, Hkv, W, Dv). **W = the number of
-    keys each query sees, including itself**: the query at position p attends
-    to keys ``max(0, p - W + 1) .. p``.
-    """
-
-    def __init__(self, batch: int, num_kv_heads: int, head_dim: int,
-                 value_head_dim: int | None, *, window: int, dtype: Any, device: Any) -> None:
-        super().__init__(batch, num_kv_heads, head_dim, value_head_dim, dtype, device)
-        self.window = check_positive_int(window, "window")
-        self._check_buffer(self.window, "window")
-        self._keys = self._zeros(self.window, self.head_dim)  # (B, Hkv, W, D)
-        self._values = self._zeros(self.window, self.value_head_dim)  # (B, Hkv, W, Dv)
-
-    @property
-    def positions(self) -> A:  # (min(length, W),) int64
-        """The absolute positions held, in increasing order."""
-        held = held_positions(self._length, self.window)
-        return self._arange(held.start, held.stop)
-
-    @property
-    def keys(self) -> A:  # (B, Hkv, min(length, W), D)
-        """A copy of the held keys in position order."""
-        return self._in_order(self._keys)
-
-    @property
-    def values(self) -> A:  # (B, Hkv, min(length, W), Dv)
-        """A copy of the held values in position order."""
-        return self._in_order(self._values)
-
-    def _in_order(self, buffer: Any) -> A:  # (B, Hkv, W, ·) -> (B, Hkv, n, ·)
-        held = held_positions(self._length, self.window)
-        parts = [buffer[:, :, slot : slot + count]
-                 for _, slot, count in ring_segments(held.start, held.stop, self.window)]
-        return self._concat(parts) if parts else self._copy(buffer[:, :, :0])
-
-    def _held_keys(self) -> A:  # (B, Hkv, min(length, W), D), slot order
-        # Until the buffer is full, positions 0 .. length - 1 sit in slots 0 .. length - 1.
-        return self._keys[:, :, : min(self._length, self.window)]
-
-    def _repr_sizes(self) -> str:
-        return f"window={self.window}, length={self._length}"
-
-    def reset(self) -> None:
-        """Forget every token."""
-        self._length = 0
-
-    def append(self, k: Any, v: Any) -> None:
-        """Append the keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of T new tokens."""
-        self._write(*self._check_kv(k, v))
-
-    def _write(self, k: Any, v: Any) -> None:
-        """Positions length .. length+T-1 go to their slots; only the last W can survive."""
-        T = k.shape[2]
-        keep = min(T, self.window)
-        start = self._length + T - keep  # the first position that survives
-        for offset, slot, count in ring_segments(start, start + keep, self.window):
-            first = T - keep + offset  # its index in the chunk
-            self._keys[:, :, slot : slot + count] = k[:, :, first : first + count]
-            self._values[:, :, slot : slot + count] = v[:, :, first : first + count]
-        self._length += T
-
-    def attend(
-        self, q: Any, k: Any, v: Any, *, scale: float | None = None,
-        softcap: float | None = None, sinks: Any = None,
-    ) -> A:
-        """Append the T new tokens' k, v, and attend from their queries within the window.
-
-        Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv), sinks (H,)
-        -> (B, H, T, Dv).
-
-        The query at position p sees keys ``max(0, p - W + 1) .. p``. A single
-        new token is written first and attends over the held slots (exactly its
-        window, in any order); a chunk of T > 1 attends over the held keys in
-        position order followed by the chunk (its first query still needs old
-        keys the chunk would overwrite), and is written afterwards. ``softcap``
-        and ``sinks`` as in :func:`attnlab.scaled_dot_product_attention`.
-        """
-        cap = check_softcap(softcap)
-        q_arr, k_arr, v_arr, T, scale_value, sink_logits = self._check_call(
-            q, k, v, scale, sinks, optional_kv=False)
-        W = self.window
-        n = min(self._length, W)  # keys held before the append
-        self._check_attend_room(q_arr, n + T)
-        self._check_scores(q_arr, k_arr, scale_value)
-        if T == 1:
-            # After writing, the held slots hold positions p - W + 1 .. p: exactly the window.
-            self._write(k_arr, v_arr)
-            n = min(self._length, W)
-            return self._grouped(q_arr, self._keys[:, :, :n], self._values[:, :, :n], None,
-                                 scale_value, cap, sink_logits)  # (B, H, 1, Dv)
-        keys = self._concat([self._in_order(self._keys), k_arr])  # (B, Hkv, n + T, D)
-        values = self._concat([self._in_order(self._values), v_arr])  # (B, Hkv, n + T, Dv)
-        # Bottom-right aligned, the W most recent keys, itself included.
-        allowed = self._window(T, n + T, W, True)  # (T, n + T)
-        out = self._grouped(q_arr, keys, values, allowed, scale_value, cap,
-                            sink_logits)  # (B, H, T, Dv)
-        self._write(k_arr, v_arr)
-        return out

@@ -43,8 +43,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from ..errors import (
-    ShapeError,
+from ..checks import (
     as_float_array,
     check_alloc,
     check_flag,
@@ -52,6 +51,7 @@ from ..errors import (
     check_positive_int,
     shape_str,
 )
+from ..errors import ShapeError
 from ..kernel import check_inputs, check_sinks
 from . import flash_tiles
 from .flash_backward import flash_attention_backward

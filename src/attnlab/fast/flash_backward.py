@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..backward import check_upstream, sum_to_shape
-from ..errors import check_alloc, check_positive_int
-from ..kernel import check_inputs, check_sinks, gqa_reduce
+from ..checks import check_alloc, check_positive_int
+from ..gqa import gqa_reduce
+from ..kernel import check_inputs, check_sinks
 from .flash_parts import (
     DEFAULT_BLOCK_K,
     DEFAULT_BLOCK_Q,
@@ -33,7 +34,7 @@ from .flash_parts import (
     split_lse,
     tiles_of,
 )
-from .flash_tiles import SKIP, ScoreUnits, Tiles, score_units
+from .flash_tiles import ScoreUnits, Tiles, score_units
 
 __all__ = ["BACKWARD_ROW_SCORES", "flash_attention_backward"]
 
@@ -260,34 +261,30 @@ def _backward_rows(
     kept: list[tuple[slice, int, int, np.ndarray, np.ndarray, np.ndarray | None]] = []
     used = 0  # of the buffers, in elements
     weighted = np.zeros((*dout_blk.shape[:-1], 2), dtype=dtype)  # (..., bq, 2) [Σ P' dP, Σ P']
-    for k0 in range(0, k_scores.shape[-1], block_k):
-        k1 = min(k0 + block_k, k_scores.shape[-1])
-        tile_blocked = tiles.blocked(q0, q1, k0, k1, None)
-        if tile_blocked is SKIP:
-            continue
-        # On the edge of the causal band or window, pieces of rows over the keys they
-        # reach, as in the forward (Tiles.pieces).
-        for r0, r1, c0, c1, blocked in tiles.pieces(q0, q1, k0, k1, tile_blocked):
-            rows = slice(r0 - q0, r1 - q0)
-            tile_shape = (*dout_blk.shape[:-2], r1 - r0, c1 - c0)  # (..., bq, bk)
-            start, used = used, used + math.prod(tile_shape)
-            weights = np.matmul(q_scores[..., rows, :], k_scores[..., c0:c1],
-                                out=buffers[0][start:used].reshape(tile_shape))  # scores
-            cap_slope = tiles.cap(weights, slope=True)  # (..., bq, bk) 1 - tanh², or None
-            tiles.add_bias(weights, r0, r1, c0, c1)
-            if blocked is not None:
-                np.copyto(weights, -np.inf, where=blocked)
-            if empty is not None:
-                np.copyto(weights, -np.inf, where=empty[..., rows, :])
-            if not folded:
-                with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should
-                    weights -= high[..., rows, :]
-            units.exp(weights, out=weights)  # (..., bq, bk) P', recomputed
-            dscores = np.matmul(dout_blk[..., rows, :], v_t[..., c0:c1],
-                                out=buffers[1][start:used].reshape(tile_shape))  # dP
-            weighted[..., rows, 0] += row_dots(weights, dscores)  # (..., bq) Σ P' ⊙ dP
-            weighted[..., rows, 1:] += np.matmul(weights, ones[: c1 - c0])  # (..., bq, 1) Σ P'
-            kept.append((rows, c0, c1, weights, dscores, cap_slope))
+    # On the edge of the causal band or window, pieces of rows over the keys they reach,
+    # as in the forward (Tiles.walk).
+    starts = range(0, k_scores.shape[-1], block_k)
+    for r0, r1, c0, c1, blocked in tiles.walk(q0, q1, starts, block_k, None):
+        rows = slice(r0 - q0, r1 - q0)
+        tile_shape = (*dout_blk.shape[:-2], r1 - r0, c1 - c0)  # (..., bq, bk)
+        start, used = used, used + math.prod(tile_shape)
+        weights = np.matmul(q_scores[..., rows, :], k_scores[..., c0:c1],
+                            out=buffers[0][start:used].reshape(tile_shape))  # scores
+        cap_slope = tiles.cap(weights, slope=True)  # (..., bq, bk) 1 - tanh², or None
+        tiles.add_bias(weights, r0, r1, c0, c1)
+        if blocked is not None:
+            np.copyto(weights, -np.inf, where=blocked)
+        if empty is not None:
+            np.copyto(weights, -np.inf, where=empty[..., rows, :])
+        if not folded:
+            with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should
+                weights -= high[..., rows, :]
+        units.exp(weights, out=weights)  # (..., bq, bk) P', recomputed
+        dscores = np.matmul(dout_blk[..., rows, :], v_t[..., c0:c1],
+                            out=buffers[1][start:used].reshape(tile_shape))  # dP
+        weighted[..., rows, 0] += row_dots(weights, dscores)  # (..., bq) Σ P' ⊙ dP
+        weighted[..., rows, 1:] += np.matmul(weights, ones[: c1 - c0])  # (..., bq, 1) Σ P'
+        kept.append((rows, c0, c1, weights, dscores, cap_slope))
     # δ = Σ_S P ⊙ dP / Σ_S P, from the very P and dP tiles used below. FlashAttention-2
     # takes δ = rowsum(dout ⊙ out) instead, equal in exact arithmetic, but it carries
     # the forward's rounding of ``out``, independent of the dP it is subtracted from:

@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
+from ..checks import as_float_array, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..kernel import AttentionInputs
 from ..messages import msg
 from . import flash_tiles

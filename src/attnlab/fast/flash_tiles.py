@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -151,50 +152,45 @@ def online_softmax(
         # band) the first tile already holds each row's max, and the reference never has
         # to move up past the window (which makes a tile again the long way).
         starts = starts[::-1]
-    for k0 in starts:
-        k1 = min(k0 + block_k, k_t.shape[-1])
-        tile_blocked = tiles.blocked(q0, q1, k0, k1, stats)
-        if tile_blocked is SKIP:
-            continue
-        # A tile on the edge of the causal band or window comes in pieces of rows, each
-        # over the keys its rows can reach: the part that every row masks is not made.
-        for r0, r1, c0, c1, blocked in tiles.pieces(q0, q1, k0, k1, tile_blocked):
-            rows = slice(r0 - q0, r1 - q0)
-            v_tile = v_ones[..., c0:c1, :]  # (..., bk, Dv + 1)
-            tile_shape = (*tile_batch, r1 - r0, c1 - c0)
-            scores_out = scratch[: math.prod(tile_shape)].reshape(tile_shape)  # (..., bq, bk)
-            acc_rows = acc[..., rows, :]  # (..., bq, Dv + 1) a view
-            ref_rows = None if ref is None else ref[..., rows, :]  # (..., bq, 1)
-            if all_have_mass or (r1 - r0 < q1 - q0 and bool(has_mass[..., rows, :].all())):
-                scores = _tile_scores(q_blk[..., rows, :], k_t, tiles, r0, r1, c0, c1, blocked,
-                                      scores_out)
-                # A score past the window may overflow exp to inf, and inf · 0 in the
-                # matmul to NaN: the check below sends such a tile the long way.
-                with np.errstate(over="ignore", invalid="ignore"):
-                    if ref_rows is not None:
-                        scores -= ref_rows
-                    units.exp(scores, out=scores)  # (..., bq, bk) unnormalised weights p
-                    tile_acc = np.matmul(scores, v_tile)  # (..., bq, Dv + 1)
-                if tile_acc[..., -1].max() <= most:  # NaN compares False: the long way
-                    acc_rows += tile_acc
-                    continue
+    # A tile on the edge of the causal band or window comes in pieces of rows, each over
+    # the keys its rows can reach: the part that every row masks is not made.
+    for r0, r1, c0, c1, blocked in tiles.walk(q0, q1, starts, block_k, stats):
+        rows = slice(r0 - q0, r1 - q0)
+        v_tile = v_ones[..., c0:c1, :]  # (..., bk, Dv + 1)
+        tile_shape = (*tile_batch, r1 - r0, c1 - c0)
+        scores_out = scratch[: math.prod(tile_shape)].reshape(tile_shape)  # (..., bq, bk)
+        acc_rows = acc[..., rows, :]  # (..., bq, Dv + 1) a view
+        ref_rows = None if ref is None else ref[..., rows, :]  # (..., bq, 1)
+        if all_have_mass or (r1 - r0 < q1 - q0 and bool(has_mass[..., rows, :].all())):
             scores = _tile_scores(q_blk[..., rows, :], k_t, tiles, r0, r1, c0, c1, blocked,
                                   scores_out)
-            tile_max = scores.max(axis=-1, keepdims=True)  # (..., bq, 1)
-            new_rows = _move_reference(tile_max, ref_rows, has_mass[..., rows, :], acc_rows,
-                                       units)
-            if new_rows is not ref_rows:  # moved: new_rows is a fresh array
-                if ref is None:
-                    ref = np.zeros((*rows_shape, 1), dtype=tile_max.dtype)
-                ref[..., rows, :] = new_rows
-                ref_rows = ref[..., rows, :]
-            if ref_rows is not None:
-                with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should be
+            # A score past the window may overflow exp to inf, and inf · 0 in the
+            # matmul to NaN: the check below sends such a tile the long way.
+            with np.errstate(over="ignore", invalid="ignore"):
+                if ref_rows is not None:
                     scores -= ref_rows
-            units.exp(scores, out=scores)  # (..., bq, bk) unnormalised weights p
-            acc_rows += np.matmul(scores, v_tile)  # (..., bq, Dv + 1)
-            has_mass[..., rows, :] |= tile_max != -np.inf
-            all_have_mass = bool(has_mass.all())
+                units.exp(scores, out=scores)  # (..., bq, bk) unnormalised weights p
+                tile_acc = np.matmul(scores, v_tile)  # (..., bq, Dv + 1)
+            if tile_acc[..., -1].max() <= most:  # NaN compares False: the long way
+                acc_rows += tile_acc
+                continue
+        scores = _tile_scores(q_blk[..., rows, :], k_t, tiles, r0, r1, c0, c1, blocked,
+                              scores_out)
+        tile_max = scores.max(axis=-1, keepdims=True)  # (..., bq, 1)
+        new_rows = _move_reference(tile_max, ref_rows, has_mass[..., rows, :], acc_rows,
+                                   units)
+        if new_rows is not ref_rows:  # moved: new_rows is a fresh array
+            if ref is None:
+                ref = np.zeros((*rows_shape, 1), dtype=tile_max.dtype)
+            ref[..., rows, :] = new_rows
+            ref_rows = ref[..., rows, :]
+        if ref_rows is not None:
+            with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf: weight 0, as it should be
+                scores -= ref_rows
+        units.exp(scores, out=scores)  # (..., bq, bk) unnormalised weights p
+        acc_rows += np.matmul(scores, v_tile)  # (..., bq, Dv + 1)
+        has_mass[..., rows, :] |= tile_max != -np.inf
+        all_have_mass = bool(has_mass.all())
     return acc, ref
 
 
@@ -281,6 +277,7 @@ class Tiles:
         self.allowed = None if allowed is None else _at_least_2d(allowed)
         self.bias = None if bias is None else _at_least_2d(bias)
         self.band = band
+        self.S = S
         # In the scores' units (ScoreUnits.per_nat per natural unit): c·tanh(s / c) and
         # -slope·|i' - j| scale with the scores, so base 2 needs no extra pass.
         self.softcap = None if softcap is None else softcap * per_nat
@@ -334,6 +331,16 @@ class Tiles:
             if len(self._band_cache) < _BAND_CACHE_SIZE:
                 self._band_cache[key] = found
         return found
+
+    def walk(self, q0: int, q1: int, starts: Iterable[int], block_k: int,
+             stats: TileCounter | None) -> Iterator[tuple[int, int, int, int, np.ndarray | None]]:
+        """The pieces (:meth:`pieces`) of the key tiles at ``starts`` that queries q0:q1
+        reach; a tile the band or the mask removes is skipped (counted in ``stats``)."""
+        for k0 in starts:
+            k1 = min(k0 + block_k, self.S)
+            tile_blocked = self.blocked(q0, q1, k0, k1, stats)
+            if tile_blocked is not SKIP:
+                yield from self.pieces(q0, q1, k0, k1, tile_blocked)
 
     def pieces(
         self, q0: int, q1: int, k0: int, k1: int, blocked: np.ndarray | None,

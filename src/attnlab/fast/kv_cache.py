@@ -50,9 +50,10 @@ Inputs are cast to the cache's dtype, as writing into a preallocated array
 does. float16 and bfloat16 (``dtype="bfloat16"``, through ml_dtypes) store keys
 and values in half the memory; attention is then computed in float32
 (:attr:`compute_dtype`) and returned in float32. The bookkeeping (lengths,
-doubling, the ring of W slots, left padding, the checks and their messages) is
-:mod:`attnlab.fast.cache_book`, shared with the torch twins; this module holds
-the NumPy array operations, and the attention is :func:`attnlab.kernel.attend`.
+doubling, left padding, the checks and their messages in
+:mod:`attnlab.fast.cache_book`; the ring of W slots in :mod:`attnlab.fast.ring_book`)
+is shared with the torch twins; this module holds the NumPy array operations,
+and the attention is :func:`attnlab.kernel.attend`.
 """
 
 from __future__ import annotations
@@ -61,13 +62,16 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnlabError, as_bool_mask, as_float_array, check_alloc, missing_extra
+from ..checks import as_bool_mask, as_float_array, check_alloc
+from ..errors import AttnlabError, missing_extra
 from ..kernel import abs_max, attend, check_score_range, check_sinks
 from ..masks import causal_mask, window_mask
-from .cache_book import CacheBook, GrowingBook, RingBook
+from .cache_book import CacheBook, GrowingBook, TwinArrays
+from .ring_book import RingBook
 
 __all__ = [
     "KVCache",
+    "NumpyTwinArrays",
     "STORAGE_DTYPES",
     "SlidingWindowKVCache",
     "cast_checked",
@@ -158,8 +162,9 @@ def _grouped_attention(
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
-class _NumpyArrays(CacheBook[np.ndarray]):
-    """The NumPy array operations of the caches; the bookkeeping is :mod:`.cache_book`."""
+class NumpyTwinArrays(TwinArrays[np.ndarray]):
+    """What every NumPy cache (these and :class:`attnlab.PagedKVCache`) does alike with
+    its arrays: the dtypes, the conversion of inputs, the size."""
 
     def _set_dtype(self, dtype: Any, device: Any) -> None:
         self.dtype = storage_dtype(dtype)
@@ -169,11 +174,19 @@ class _NumpyArrays(CacheBook[np.ndarray]):
     def _as_float(self, x: Any, name: str) -> np.ndarray:
         return as_float_array(x, name)
 
-    def _as_bool(self, x: Any, name: str) -> np.ndarray:
-        return as_bool_mask(x, name)
-
     def _to_storage(self, x: np.ndarray, name: str) -> np.ndarray:
         return cast_checked(x, self.dtype, name, "the cache's dtype")
+
+    def _nbytes(self, x: np.ndarray) -> int:
+        return int(x.nbytes)
+
+
+class _NumpyArrays(CacheBook[np.ndarray], NumpyTwinArrays):
+    """The NumPy array operations of the caches; the bookkeeping is :mod:`.cache_book`'s
+    and :mod:`.ring_book`'s."""
+
+    def _as_bool(self, x: Any, name: str) -> np.ndarray:
+        return as_bool_mask(x, name)
 
     def _to_compute(self, q: np.ndarray, name: str) -> np.ndarray:
         return cast_checked(q, self.compute_dtype, name, "the cache's dtype")
@@ -214,9 +227,6 @@ class _NumpyArrays(CacheBook[np.ndarray]):
 
     def _row_sums(self, real: np.ndarray) -> np.ndarray:
         return real.sum(axis=1, dtype=np.int64)
-
-    def _nbytes(self, x: np.ndarray) -> int:
-        return int(x.nbytes)
 
     def _causal(self, T: int, S: int) -> np.ndarray:
         return causal_mask(T, S)

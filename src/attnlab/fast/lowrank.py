@@ -27,14 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..attention import scaled_dot_product_attention
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_float_array,
-    check_flag,
-    check_positive_int,
-    shape_str,
-)
+from ..checks import as_float_array, check_flag, check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..kernel import check_inputs
 from ..masked_softmax import stable_softmax
 

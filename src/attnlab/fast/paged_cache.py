@@ -31,104 +31,26 @@ computation over each sequence alone (tested to float precision)::
             is_causal=is_causal)                                # bottom-right aligned
 
 Keys and values are stored in the cache's dtype (float16 and bfloat16 store
-in half the memory and compute in float32, as :class:`attnlab.KVCache`).
+in half the memory and compute in float32, as :class:`attnlab.KVCache`). The
+bookkeeping (the free list, the block tables, the slot of each position, the
+checks and their messages) is :mod:`attnlab.fast.paged_book`, shared with the
+torch twin; this module holds the NumPy array operations (those every NumPy
+cache shares are :class:`attnlab.fast.kv_cache.NumpyTwinArrays`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    as_float_array,
-    check_alloc,
-    check_flag,
-    check_positive_int,
-    check_scale,
-    describe,
-)
+from ..checks import check_alloc
 from ..kernel import abs_max, attend, check_score_range
-from ..messages import msg
-from ..shapes import check_cache_query_shape, check_kv_shapes
-from .kv_cache import cast_checked, compute_dtype_of, storage_dtype
+from .kv_cache import NumpyTwinArrays, cast_checked
+from .paged_book import BlockAllocator, PagedBook, check_sequence_ids
 
 __all__ = ["BlockAllocator", "PagedKVCache", "check_sequence_ids", "paged_allowed"]
-
-
-class BlockAllocator:
-    """The free list of a pool of ``num_blocks`` blocks: hands blocks out and takes them back.
-
-    Blocks freed last are handed out first (a stack), so that freed blocks are
-    reused at once, warm in cache.
-
-    >>> pool = BlockAllocator(4)
-    >>> pool.allocate(2, "k"), pool.num_free
-    ([0, 1], 2)
-    >>> pool.release([0, 1]); pool.allocate(1, "k")
-    [0]
-    """
-
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        self._free = list(range(num_blocks - 1, -1, -1))  # pop() gives block 0 first
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def allocate(self, count: int, name: str) -> list[int]:
-        """``count`` free blocks, or an AttnlabError naming ``name`` if the pool has too few."""
-        if count > len(self._free):
-            raise AttnlabError(
-                f"{name}: the cache needs {count} more blocks but has {len(self._free)} free "
-                f"of {self.num_blocks}; free finished sequences or create it with more "
-                "num_blocks"
-            )
-        return [self._free.pop() for _ in range(count)]
-
-    def release(self, blocks: Sequence[int]) -> None:
-        """Give ``blocks`` back; the last of them is handed out first.
-
-        Each must be a block of this pool that is handed out now: a block given
-        back twice would later go to two sequences at once (checked before any
-        is taken back).
-        """
-        free = set(self._free)
-        seen: set[int] = set()
-        for block in blocks:
-            if (not isinstance(block, (int, np.integer)) or isinstance(block, bool)
-                    or not 0 <= block < self.num_blocks):
-                raise AttnlabError(msg("paged.block_id", last=self.num_blocks - 1,
-                                       got=repr(block)))
-            if block in free or block in seen:
-                raise AttnlabError(msg("paged.block_free", block=int(block)))
-            seen.add(int(block))
-        self._free.extend(int(b) for b in reversed(blocks))
-
-
-def check_sequence_ids(sequences: Any, known: dict[int, list[int]], B: int | None) -> list[int]:
-    """``sequences`` as a list of distinct known sequence ids (B of them if B is given)."""
-    if isinstance(sequences, (int, np.integer)) and not isinstance(sequences, bool):
-        sequences = [sequences]
-    if not isinstance(sequences, (list, tuple)) or not all(
-            isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in sequences):
-        raise AttnlabError(f"sequences: expected a list of sequence ids (ints from "
-                           f"add_sequence), got {describe(sequences)}")
-    ids = [int(s) for s in sequences]
-    unknown = [s for s in ids if s not in known]
-    if unknown:
-        raise AttnlabError(f"sequences: {unknown[0]} is not a sequence of this cache (freed, "
-                           f"or never added); it holds {sorted(known)}")
-    if len(set(ids)) != len(ids):
-        raise AttnlabError(f"sequences: expected distinct ids, got {ids}")
-    if B is not None and len(ids) != B:
-        raise AttnlabError(f"sequences: expected one id per batch row of q, B = {B}, "
-                           f"got {len(ids)}")
-    return ids
 
 
 def owned_slots(lengths: np.ndarray, S: int) -> np.ndarray:
@@ -155,7 +77,7 @@ def paged_allowed(lengths: np.ndarray, T: int, S: int, is_causal: bool) -> np.nd
     return np.broadcast_to(allowed, (len(lengths), T, S))  # (B, T, S)
 
 
-class PagedKVCache:
+class PagedKVCache(PagedBook[np.ndarray], NumpyTwinArrays):
     """Keys and values of many sequences in one pool of fixed-size blocks, with block tables.
 
     Shapes: a pool of keys (N, Hkv, P, D) and values (N, Hkv, P, Dv); per
@@ -190,191 +112,44 @@ class PagedKVCache:
         *,
         dtype: Any = np.float64,
     ) -> None:
-        self.num_blocks = check_positive_int(num_blocks, "num_blocks")
-        self.block_size = check_positive_int(block_size, "block_size")
-        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
-        self.head_dim = check_positive_int(head_dim, "head_dim")
-        self.value_head_dim = (
-            self.head_dim if value_head_dim is None
-            else check_positive_int(value_head_dim, "value_head_dim")
-        )
-        self.dtype = storage_dtype(dtype)
-        #: The dtype attention is computed in: float32 for float16 / bfloat16 storage.
-        self.compute_dtype = compute_dtype_of(self.dtype)
-        for width in (self.head_dim, self.value_head_dim):
-            check_alloc((self.num_blocks, self.num_kv_heads, self.block_size, width), self.dtype,
-                        "the block pool (N, Hkv, P, D)", "num_blocks")
-        self._keys = np.zeros((self.num_blocks, self.num_kv_heads, self.block_size,
-                               self.head_dim), self.dtype)  # (N, Hkv, P, D)
-        self._values = np.zeros((self.num_blocks, self.num_kv_heads, self.block_size,
-                                 self.value_head_dim), self.dtype)  # (N, Hkv, P, Dv)
-        self._allocator = BlockAllocator(self.num_blocks)
-        self._tables: dict[int, list[int]] = {}
-        self._lengths: dict[int, int] = {}
-        self._next_id = 0
         self._k_max = 0.0  # the largest |key| ever written (for the score-range check)
+        super().__init__(num_blocks, block_size, num_kv_heads, head_dim, value_head_dim,
+                         dtype, None)
 
-    # ---- sequences and blocks ----------------------------------------------------
+    def _to_compute(self, q: np.ndarray, name: str) -> np.ndarray:
+        return cast_checked(q, self.compute_dtype, name, "the cache's compute dtype")
 
-    def add_sequence(self) -> int:
-        """A new, empty sequence; returns its id (blocks come with its first tokens)."""
-        sequence = self._next_id
-        self._next_id += 1
-        self._tables[sequence] = []
-        self._lengths[sequence] = 0
-        return sequence
+    def _check_scores(self, q: np.ndarray, k: np.ndarray | None, scale: float) -> None:
+        k_max = max(self._k_max, 0.0 if k is None else abs_max(k))
+        check_score_range(abs_max(q), k_max, self.head_dim, scale, self.compute_dtype)
 
-    def free(self, sequence: int) -> None:
-        """Forget ``sequence`` and give its blocks back to the pool."""
-        (sequence,) = check_sequence_ids(sequence, self._tables, 1)
-        self._allocator.release(self._tables.pop(sequence))
-        del self._lengths[sequence]
+    def _check_attend_room(self, B: int, H: int, T: int, S: int) -> None:
+        check_alloc((B, H, T, S), self.compute_dtype, "the score matrix (B, H, T, max S_b)", "q")
 
-    @property
-    def sequences(self) -> list[int]:
-        """The ids of the sequences held, in the order they were added."""
-        return list(self._tables)
+    def _pool(self, width: int) -> np.ndarray:  # -> (N, Hkv, P, width)
+        return np.zeros((self.num_blocks, self.num_kv_heads, self.block_size, width), self.dtype)
 
-    def length(self, sequence: int) -> int:
-        """Tokens held for ``sequence`` = the position of its next token (for RoPE)."""
-        (sequence,) = check_sequence_ids(sequence, self._tables, 1)
-        return self._lengths[sequence]
+    def _index_array(self, blocks: list[int]) -> np.ndarray:
+        return np.array(blocks, dtype=np.int64)
 
-    def block_table(self, sequence: int) -> np.ndarray:  # -> (ceil(S_b / P),) int64
-        """The blocks of ``sequence`` in position order (a copy)."""
-        (sequence,) = check_sequence_ids(sequence, self._tables, 1)
-        return np.array(self._tables[sequence], dtype=np.int64)
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self._allocator.num_free
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the key and value pools: fixed, whatever is in them."""
-        return self._keys.nbytes + self._values.nbytes
-
-    def keys(self, sequence: int) -> np.ndarray:  # -> (Hkv, S_b, D)
-        """A copy of the keys of ``sequence`` in position order."""
-        return self._gather([self.length(sequence)], [sequence], self._keys, stored=True)[0]
-
-    def values(self, sequence: int) -> np.ndarray:  # -> (Hkv, S_b, Dv)
-        """A copy of the values of ``sequence`` in position order."""
-        return self._gather([self.length(sequence)], [sequence], self._values, stored=True)[0]
-
-    # ---- writing and attending -----------------------------------------------------
-
-    def append(self, sequences: Any, k: Any, v: Any) -> None:
-        """Append T new tokens to each of B sequences: k (B, Hkv, T, D), v (B, Hkv, T, Dv)."""
-        k_arr, v_arr = self._check_kv(k, v)
-        ids = check_sequence_ids(sequences, self._tables, k_arr.shape[0])
-        self._write(ids, k_arr, v_arr)
-
-    def attend(
-        self, sequences: Any, q: Any, k: Any = None, v: Any = None, *, is_causal: bool = True,
-        scale: float | None = None,
-    ) -> np.ndarray:
-        """Append each sequence's T new tokens (if k, v are given), then attend over its keys.
-
-        Shapes: q (B, H, T, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, T, Dv);
-        ``sequences``: B sequence ids, one per batch row, each at its own length S_b.
-
-        Query i of row b sits at position S_b - T + i (S_b after the append) and,
-        with ``is_causal`` (the default), sees that sequence's keys 0 .. S_b - T + i;
-        ``is_causal=False``: all of them. ``k = v = None`` attends without
-        appending. Never reads another sequence's keys. See the module docstring
-        for the plain computation it equals.
-        """
-        is_causal = check_flag(is_causal, "is_causal")
-        if (k is None) != (v is None):
-            raise AttnlabError("k, v: expected both (append, then attend) or neither (attend "
-                               f"over the cache as it is), got k {type(k).__name__} and v "
-                               f"{type(v).__name__}")
-        q_arr = as_float_array(q, "q")
-        B = q_arr.shape[0] if q_arr.ndim == 4 else 0
-        T = q_arr.shape[2] if q_arr.ndim == 4 else 0
-        k_arr = v_arr = None
-        if k is not None:
-            k_arr, v_arr = self._check_kv(k, v)
-            B, T = k_arr.shape[0], k_arr.shape[2]
-        check_cache_query_shape(q_arr.shape, B, self.num_kv_heads, T, self.head_dim)
-        q_arr = cast_checked(q_arr, self.compute_dtype, "q", "the cache's compute dtype")
-        ids = check_sequence_ids(sequences, self._tables, B)
-        scale_value = check_scale(scale, self.head_dim)
-        k_max = max(self._k_max, 0.0 if k_arr is None else abs_max(k_arr))
-        check_score_range(abs_max(q_arr), k_max, self.head_dim, scale_value, self.compute_dtype)
-        lengths = np.array([self._lengths[s] + (0 if k_arr is None else T) for s in ids],
-                           dtype=np.int64)  # (B,) after the append
-        S = int(lengths.max()) if B else 0
-        check_alloc((B, q_arr.shape[1], T, S), self.compute_dtype,
-                    "the score matrix (B, H, T, max S_b)", "q")
-        if k_arr is not None and v_arr is not None:
-            self._write(ids, k_arr, v_arr)
-        keys = self._gather(lengths, ids, self._keys, S)  # (B, Hkv, S, D)
-        values = self._gather(lengths, ids, self._values, S)  # (B, Hkv, S, Dv)
-        allowed = paged_allowed(lengths, T, S, is_causal)  # (B, T, S)
-        H, Hkv = q_arr.shape[1], self.num_kv_heads
-        G = H // Hkv
-        # (B, Hkv, G, T, D) against (B, Hkv, 1, S, ·): the key/value heads are not repeated.
-        out, _ = attend(q_arr.reshape(B, Hkv, G, T, self.head_dim), keys[:, :, None],
-                        values[:, :, None], allowed[:, None, None], None, scale_value)
-        return out.reshape(B, H, T, self.value_head_dim)  # (B, H, T, Dv)
-
-    def _check_kv(self, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray]:
-        """k (B, Hkv, T, D), v (B, Hkv, T, Dv), in the storage dtype."""
-        k_arr = as_float_array(k, "k")
-        v_arr = as_float_array(v, "v")
-        B = k_arr.shape[0] if k_arr.ndim == 4 else 0
-        check_kv_shapes(k_arr.shape, v_arr.shape, B, self.num_kv_heads, self.head_dim,
-                        self.value_head_dim)
-        return (cast_checked(k_arr, self.dtype, "k", "the cache's dtype"),
-                cast_checked(v_arr, self.dtype, "v", "the cache's dtype"))
-
-    def _write(self, ids: list[int], k: np.ndarray, v: np.ndarray) -> None:
-        """Each row's T tokens at positions S_b .. S_b + T - 1, taking new blocks as needed."""
-        T, P = k.shape[2], self.block_size
-        needed = [math.ceil((self._lengths[s] + T) / P) - len(self._tables[s]) for s in ids]
-        if sum(needed) > self._allocator.num_free:  # refuse before writing anything
-            self._allocator.allocate(sum(needed), "k")
-        for s, count in zip(ids, needed, strict=True):
-            self._tables[s] += self._allocator.allocate(count, "k")
+    def _write(self, ids: list[int], k: Any, v: Any) -> None:
+        super()._write(ids, k, v)
         self._k_max = max(self._k_max, abs_max(k))
-        for row, s in enumerate(ids):
-            table, start = self._tables[s], self._lengths[s]
-            position = start
-            while position < start + T:  # one block's run of slots at a time
-                block, slot = table[position // P], position % P
-                count = min(P - slot, start + T - position)
-                chunk = slice(position - start, position - start + count)
-                self._keys[block, :, slot: slot + count] = k[row, :, chunk]
-                self._values[block, :, slot: slot + count] = v[row, :, chunk]
-                position += count
-            self._lengths[s] = start + T
 
-    def _gather(self, lengths: Sequence[int] | np.ndarray, ids: list[int], pool: np.ndarray,
-                S: int | None = None, *, stored: bool = False) -> np.ndarray:
-        """The first ``lengths[b]`` positions of each sequence, from ``pool`` (N, Hkv, P, ·),
-        in the compute dtype (the storage dtype if ``stored``) -> (B, Hkv, S, ·), S = the
-        longest unless given; slots past a sequence's length are exact zeros (never
-        another sequence's values)."""
-        P = self.block_size
-        S = int(max(lengths, default=0)) if S is None else S
-        n_blocks = math.ceil(S / P)
-        tables = np.zeros((len(ids), n_blocks), dtype=np.int64)  # (B, n) padded with block 0
-        for row, s in enumerate(ids):
-            table = self._tables[s][:n_blocks]
-            tables[row, : len(table)] = table
-        gathered = pool[tables]  # (B, n, Hkv, P, ·)
-        B, _, Hkv, _, width = gathered.shape
+    def _gather_blocks(self, pool: np.ndarray, tables: list[list[int]], lengths: Sequence[int],
+                       S: int, stored: bool) -> np.ndarray:
+        n_blocks = len(tables[0]) if tables else 0
+        blocks = np.array(tables, dtype=np.int64).reshape(len(tables), n_blocks)  # (B, n)
+        gathered = pool[blocks]  # (B, n, Hkv, P, ·)
+        B, _, Hkv, P, width = gathered.shape
         gathered = gathered.transpose(0, 2, 1, 3, 4).reshape(B, Hkv, n_blocks * P, width)
         dtype = self.dtype if stored else self.compute_dtype
         owned = owned_slots(np.asarray(lengths), S)[:, None, :, None]  # (B, 1, S, 1)
         return np.where(owned, gathered[:, :, :S], 0).astype(dtype, copy=False)  # (B, Hkv, S, ·)
 
-    def __repr__(self) -> str:
-        return (
-            f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-            f"sequences={len(self._tables)}, free_blocks={self.num_free_blocks}, "
-            f"dtype={self.dtype})"
-        )
+    def _attend_grouped(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray,
+                        lengths: Sequence[int], T: int, S: int, is_causal: bool,
+                        scale: float) -> np.ndarray:
+        allowed = paged_allowed(np.asarray(lengths, dtype=np.int64), T, S, is_causal)  # (B, T, S)
+        out, _ = attend(q, keys, values, allowed[:, None, None], None, scale)
+        return out  # (B, Hkv, G, T, Dv)

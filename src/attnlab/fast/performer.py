@@ -19,14 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_float_array,
-    check_flag,
-    check_positive_int,
-    shape_str,
-)
+from ..checks import as_float_array, check_flag, check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..kernel import check_inputs, check_key_padding
 
 __all__ = [

@@ -28,14 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    as_array,
-    check_alloc,
-    check_flag,
-    check_positive_int,
-    shape_str,
-)
+from ..checks import as_array, check_alloc, check_flag, check_positive_int, shape_str
+from ..errors import AttnlabError
 from ..kernel import attend, check_inputs, check_key_padding
 from ..messages import msg
 from ..shapes import check_causal_alignment, check_positions, check_window_pair

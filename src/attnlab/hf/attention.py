@@ -49,7 +49,8 @@ from typing import Any
 
 import torch
 
-from ..errors import AttnlabError, shape_str
+from ..checks import shape_str
+from ..errors import AttnlabError
 from ..torch import scaled_dot_product_attention
 from ..torch.gqa import repeat_kv
 from ..torch.kernel import scaled_scores, stable_softmax

@@ -28,7 +28,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import AttnlabError, shape_str
+from ..checks import shape_str
+from ..errors import AttnlabError
 from .hooks import check_model, hooked, to_numpy
 from .runs import record
 

@@ -3,7 +3,8 @@ positional encodings, sparse and low-rank patterns. Results are data (arrays in 
 dataclasses); :mod:`attnlab.report.concepts` draws them.
 
 Each walk replays what a fast path does, step by step, on a small example, and is
-tested against that fast path: :func:`flash_walk` against
+tested against that fast path: :func:`flash_walk` (flash attention's plain twin,
+:mod:`attnlab.fast.flash_walk`, re-exported here) against
 :func:`attnlab.flash_attention` on every prefix of the keys, :func:`kv_cache_walk`
 against :class:`attnlab.KVCache` / :class:`attnlab.SlidingWindowKVCache` and full
 causal attention, the low-rank effective weights against the methods themselves
@@ -19,8 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import AttnlabError, check_positive_int
+from ..checks import check_positive_int
 from ..fast.block_sparse import block_sparse_mask
+from ..fast.flash_walk import FlashStep, FlashWalk, flash_walk
 from ..fast.kv_cache import KVCache, SlidingWindowKVCache
 from ..fast.lowrank import linformer_attention, linformer_projection, nystrom_attention
 from ..fast.sparse import sliding_window_mask
@@ -40,70 +42,6 @@ def example_qkv(T: int = 8, D: int = 4, *, seed: int = 0,
     rng = np.random.default_rng(check_positive_int(seed, "seed", allow_zero=True))
     q, k, v = (rng.standard_normal((T, D)) for _ in range(3))
     return q, k, v
-
-
-# ---------------------------------------------------------------------------- flash
-
-
-@dataclass
-class FlashStep:
-    """After key tile ``[k0, k1)``: the running max m (T,), the running sum
-    l = Σ exp(s - m) (T,), and the output so far acc / l (T, Dv)."""
-
-    k0: int
-    k1: int
-    tile_scores: np.ndarray  # (T, k1 - k0) scaled scores of this tile
-    running_max: np.ndarray  # (T,)
-    running_sum: np.ndarray  # (T,)
-    output: np.ndarray  # (T, Dv), the softmax over keys 0..k1 applied to their values
-
-
-@dataclass
-class FlashWalk:
-    scores: np.ndarray  # (T, S) all scaled scores (what flash never holds at once)
-    block_k: int
-    steps: list[FlashStep]
-    output: np.ndarray  # (T, Dv), the last step's
-
-
-def flash_walk(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block_k: int = 2,
-               scale: float | None = None) -> FlashWalk:
-    """Flash attention's online softmax over key tiles of ``block_k``, every step kept.
-
-    Shapes: q (T, D), k (S, D), v (S, Dv) -> a walk of ceil(S / block_k) steps. At each
-    tile, with s its scaled scores::
-
-        m_new = max(m, rowmax(s))
-        l     = l · exp(m - m_new) + Σ exp(s - m_new)
-        acc   = acc · exp(m - m_new) + exp(s - m_new) · v_tile
-        output so far = acc / l       (= softmax over the keys seen so far, times their v)
-
-    The final output equals :func:`attnlab.flash_attention` and plain attention.
-    """
-    block_k = check_positive_int(block_k, "block_k")
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    if q.ndim != 2 or k.ndim != 2 or v.ndim != 2 or k.shape[0] != v.shape[0] \
-            or q.shape[1] != k.shape[1]:
-        raise AttnlabError(f"q, k, v: expected (T, D), (S, D), (S, Dv), got {q.shape}, "
-                           f"{k.shape}, {v.shape}")
-    T, S = q.shape[0], k.shape[0]
-    scale_value = 1.0 / np.sqrt(q.shape[1]) if scale is None else float(scale)
-    scores = q @ k.T * scale_value  # (T, S)
-    m = np.full(T, -np.inf)
-    l_sum = np.zeros(T)
-    acc = np.zeros((T, v.shape[1]))
-    steps = []
-    for k0 in range(0, S, block_k):
-        k1 = min(S, k0 + block_k)
-        s = scores[:, k0:k1]  # (T, bk)
-        m_new = np.maximum(m, s.max(axis=1))  # (T,)
-        correction = np.exp(m - m_new)  # (T,), 0 on the first tile (m = -inf)
-        p = np.exp(s - m_new[:, None])  # (T, bk)
-        l_sum = l_sum * correction + p.sum(axis=1)
-        acc = acc * correction[:, None] + p @ v[k0:k1]  # (T, Dv)
-        m = m_new
-        steps.append(FlashStep(k0, k1, s.copy(), m.copy(), l_sum.copy(), acc / l_sum[:, None]))
-    return FlashWalk(scores=scores, block_k=block_k, steps=steps, output=steps[-1].output)
 
 
 # ------------------------------------------------------------------------- KV cache

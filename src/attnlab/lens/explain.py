@@ -10,24 +10,26 @@ with random 4×3 projections Wq, Wk, Wv drawn from a fixed seed (standard
 normal, as the seed's ``np.random.randn(4, 3)``), so every run prints the same
 numbers.
 
-The weights and outputs come from the library's one attention kernel
-(:func:`attnlab.kernel.attend`, after :func:`attnlab.kernel.check_inputs`), the
-same as :func:`attnlab.scaled_dot_product_attention`; the scores shown before them
-are the kernel's formula written out, step by step. Options add what seed 001's
-layer adds around it (positions, the output projection Wo, the residual, LayerNorm)
-and switch off what the seeds teach by contrast (the 1/√d_k scaling).
+A trace is a cache with formulas. The attention is the real block's: explain builds an
+:class:`attnlab.MultiHeadAttention` from these weights (with its RoPE and its scale;
+without Wo, Wo = I and the block's output is not read), runs it under
+:func:`attnlab.lens.run_with_cache`, and reads Q, K, V, the rotated Q and K, the scores
+the softmax reads, the weights and each head's output at its hook points. The steps no
+block has a hook for (Q·Kᵀ before the scaling, the scaled scores before the mask, the
+fused layout's Q_all) are their formula applied to those cached values. Options add what
+seed 001's layer adds around it (positions, the output projection Wo, the residual,
+LayerNorm) and switch off what the seeds teach by contrast (the 1/√d_k scaling).
 """
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
+from ..checks import (
     as_float_array,
     check_alloc,
     check_flag,
@@ -36,21 +38,39 @@ from ..errors import (
     check_text,
     shape_str,
 )
+from ..errors import AttnlabError, ShapeError
 from ..init import as_rng, init_weight
-from ..kernel import attend, check_inputs, check_key_padding, check_mask_and_bias
+from ..kernel import (
+    MAX_SCORE_ELEMENTS,
+    PLAIN_PATH_HINT,
+    check_key_padding,
+    check_mask_and_bias,
+)
 from ..messages import msg
+from ..nn.heads import merge_heads
 from ..nn.layers import LayerNorm
+from ..nn.multihead import MultiHeadAttention
 from ..positional import LearnedPositionalEmbedding, sinusoidal_encoding
-from ..positional_relative import apply_rope
+from ..positional_relative import RotaryEmbedding
+from ..shapes import check_score_elements
 from ..trace import Step, Trace
+from .cache import run_with_cache
 from .explain_notes import head_notes, layer_notes
 
 __all__ = ["explain", "POSITIONS", "SEED_000_X", "SPLITS", "token_embeddings"]
 
 #: The positional encodings ``explain(pos=...)`` can add.
 POSITIONS = ("none", "sinusoidal", "learned", "rope")
-#: The two multi-head layouts of the seeds (the same computation, two ways of writing it).
-SPLITS = ("seed000", "seed001")
+#: The two multi-head layouts of the seed articles (the same computation, two ways of
+#: writing it): seed 000's "per_head" and seed 001's "fused".
+SPLITS = ("per_head", "fused")
+#: The former names of the layouts (deprecated, warn): a split named "seed001" read
+#: like a random seed beside ``seed=``.
+FORMER_SPLITS = {"seed000": "per_head", "seed001": "fused"}
+
+#: The hook points of the block that a trace reads (hook_rot_q/k only with RoPE).
+_READ = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_attn_scores",
+         "hook_pattern", "hook_z")
 
 #: Seed 000's input: 3 words × 4 dims.
 SEED_000_X = np.array([[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]], dtype=np.float64)
@@ -110,7 +130,7 @@ def explain(
     pos: str = "none",
     residual: bool = False,
     norm: str | None = None,
-    split: str = "seed000",
+    split: str = "per_head",
     seed: int = 0,
     scheme: str = "normal",
 ) -> Trace:
@@ -138,11 +158,12 @@ def explain(
         residual  add the layer's input back: x + attention(x) (needs E_out = E).
         norm      "post": LayerNorm(x + attention(x)) (seed 001's code);
                   "pre": x + attention(LayerNorm(x)). Either implies ``residual``.
-        split     "seed000": each head takes its own columns of Wq (seed 000's
-                  ``E × H·d_k`` layout, one projection per head); "seed001": one
+        split     "per_head": each head takes its own columns of Wq (seed 000's
+                  ``E × H·d_k`` layout, one projection per head); "fused": one
                   projection of width E = H·d_k, then ``.view(T, H, d_k).transpose``
                   (seed 001's ``d_model / h`` split; d_k defaults to E // H). The two
-                  are the same computation: head h reads the same columns.
+                  are the same computation: head h reads the same columns. The
+                  former names "seed000" and "seed001" still work (deprecated, warn).
 
     Formula, for each head h (Wq_h = Wq[:, h*d_k:(h+1)*d_k], likewise Wk_h, Wv_h)::
 
@@ -176,13 +197,17 @@ def explain(
     >>> causal = explain(tokens=["小明", "去了", "学校"], num_heads=2, is_causal=True)
     >>> causal.get("weights", head=1).values.shape, causal.output.shape
     ((3, 3), (3, 6))
-    >>> layer = explain(num_heads=2, split="seed001", Wo=True, norm="post")
+    >>> layer = explain(num_heads=2, split="fused", Wo=True, norm="post")
     >>> [s.key for s in layer][-4:], layer.output.shape
     (['Wo', 'projected', 'residual', 'normed'], (3, 4))
 
     Print it with :func:`attnlab.report.to_text`, save it with :func:`attnlab.report.save`.
     """
     H = check_positive_int(num_heads, "num_heads")
+    if split in FORMER_SPLITS:
+        warnings.warn(f"explain(split={split!r}) is deprecated: say "
+                      f"split={FORMER_SPLITS[split]!r}", DeprecationWarning, stacklevel=2)
+        split = FORMER_SPLITS[split]
     if split not in SPLITS:
         raise AttnlabError(f"split: expected one of {list(SPLITS)}, got {split!r}")
     if pos not in POSITIONS:
@@ -266,53 +291,59 @@ def explain(
     source_name = {"none": "X", "sinusoidal": "x", "learned": "x", "rope": "X"}[pos]
     if norm == "pre":
         source_name = "LayerNorm(x)"
-    if split == "seed001":
-        whole = {n: attn_in @ weights["W" + n.lower()] for n in "QKV"}  # (T, H*D) each
-        split_heads = {n: m.reshape(T, H, D).transpose(1, 0, 2) for n, m in whole.items()}
-        steps += [Step(f"{n}_all", m, f"{n}_all = {source_name}·W{n.lower()}    (T, H·d_k)")
-                  for n, m in whole.items()]
-
     allowed = _allowed(mask, padding, is_causal, T)
+    # The real block computes everything from here to the heads' outputs; the trace reads
+    # it at the block's hook points (a trace is a cache with formulas).
+    check_score_elements((H, T, T), PLAIN_PATH_HINT, limit=MAX_SCORE_ELEMENTS)
+    block = MultiHeadAttention(
+        Wq=weights["Wq"], Wk=weights["Wk"], Wv=weights["Wv"],
+        Wo=np.eye(H * D) if wo is None else wo,  # no Wo: the block's output is not read
+        num_heads=H, rope=RotaryEmbedding(D) if pos == "rope" else None, scale=scale,
+    )
+    (projected, _), cache = run_with_cache(block, attn_in, mask=allowed,
+                                           names=_READ.__contains__)  # (T, E_out), cache
+    if split == "fused":
+        steps += [Step(f"{n}_all", merge_heads(cache[f"hook_{n.lower()}"]),  # (T, H*D)
+                       f"{n}_all = {source_name}·W{n.lower()}    (T, H·d_k)") for n in "QKV"]
+
     head_outputs = []
     notes: list[dict[str, Any]] = []
     for h in range(H):
         tag = {"head": h if H > 1 else None}
-        if split == "seed001":
-            Q, K, V = (split_heads[n][h] for n in "QKV")  # (T, D) each
+        if split == "fused":
             part = f"[{h}]" if H > 1 else "[0]"
             formulas = [f"{n} = {n}_all.view(T, H, d_k).transpose(0, 1){part}" for n in "QKV"]
         else:
-            cols = slice(h * D, (h + 1) * D)
             part = "" if H == 1 else f"[:, {h * D}:{(h + 1) * D}]"  # this head's columns
-            Q, K, V = (attn_in @ weights["W" + n.lower()][:, cols] for n in "qkv")  # (T, D)
             formulas = [f"{n} = {source_name}·W{n.lower()}{part}" for n in "QKV"]
+        Q, K, V = (cache[f"hook_{n}"][h] for n in "qkv")  # (T, D) each
         steps += [Step(n, m, f, **tag) for n, m, f in zip("QKV", (Q, K, V), formulas,
                                                            strict=True)]
-        if pos == "rope":
-            Q, K = apply_rope(Q), apply_rope(K)  # (T, D): pair i of row p turned by p·θ_i
+        if pos == "rope":  # pair i of row p turned by p·θ_i
+            Q, K = cache["hook_rot_q"][h], cache["hook_rot_k"][h]  # (T, D)
             steps += [Step("Q_rope", Q, "Q_rope[p] = R(p·θ)·Q[p]", **tag),
                       Step("K_rope", K, "K_rope[p] = R(p·θ)·K[p]", **tag)]
-        # The library's one boundary check (mask shape and dtype, ranges).
-        inputs = check_inputs(Q, K, V, allowed, scale=scale_value)
-        scores = Q @ K.T  # (T, T)
+        # What the softmax read, as the block computed it; the steps before it are its
+        # formula written out on the cached Q and K.
+        read = cache["hook_attn_scores"][h]  # (T, T)
+        last = "masked" if allowed is not None else "scaled" if scale_value != 1.0 else "scores"
+        scores = read if last == "scores" else Q @ K.T  # (T, T)
         steps.append(Step("scores", scores, "scores = Q·Kᵀ", **tag))
         source = "scores"
+        scaled = scores
         if scale_value != 1.0:
-            scaled = scores * inputs.scale  # (T, T)
+            scaled = read if last == "scaled" else scores * scale_value  # (T, T)
             formula = (f"scaled = scores / √d_k = scores / √{D}" if scale is None
                        else f"scaled = scores × {scale_value:g}")
             steps.append(Step("scaled", scaled, formula, **tag))
             source = "scaled"
-        else:
-            scaled = scores
-        if allowed is not None:
-            masked = np.where(allowed, scaled, -np.inf)  # (T, T)
-            steps.append(Step("masked", masked, f"masked = where(allowed, {source}, -∞)", **tag))
+        if last == "masked":
+            steps.append(Step("masked", read, f"masked = where(allowed, {source}, -∞)", **tag))
             source = "masked"
-        out, probs = attend(inputs.q, inputs.k, inputs.v, inputs.allowed, None, inputs.scale)
+        probs, out = cache["hook_pattern"][h], cache["hook_z"][h]  # (T, T), (T, D)
         steps += [
-            Step("weights", probs, f"weights = softmax({source}, axis=-1)", **tag),  # (T, T)
-            Step("output", out, "output = weights·V", **tag),  # (T, D)
+            Step("weights", probs, f"weights = softmax({source}, axis=-1)", **tag),
+            Step("output", out, "output = weights·V", **tag),
         ]
         notes += head_notes(scaled, probs, allowed, h if H > 1 else None)
         head_outputs.append(out)
@@ -320,7 +351,7 @@ def explain(
     result = head_outputs[0]
     if H > 1:
         result = np.concatenate(head_outputs, axis=-1)  # (T, H*D)
-        if split == "seed001":
+        if split == "fused":
             formula = "concat = output.transpose(0, 1).contiguous().view(T, H·d_k)"
         else:
             parts = [f"head_{h + 1}" for h in range(H)] if H <= 4 else [
@@ -328,7 +359,7 @@ def explain(
             formula = "concat = [" + " | ".join(parts) + "]"
         steps.append(Step("concat", result, formula))
     if wo is not None:
-        result = result @ wo  # (T, E_out)
+        result = projected  # (T, E_out): concat·Wo, the block's output
         what = "concat" if H > 1 else "output"
         Dv = wo.shape[0] // H
         steps += [Step("Wo", wo, f"Wo: H·d_v × E_out = {H}·{Dv} × {wo.shape[1]}"),
@@ -358,11 +389,11 @@ def explain(
 
 def _head_dim(d_k: int | None, split: str, E: int, H: int) -> int:
     """d_k: given, or 3 (seed 000's) / E // H (seed 001's d_model / h, which must divide)."""
-    if split == "seed001":
+    if split == "fused":
         if E % H:
-            raise ShapeError(msg("explain.seed001_heads", E=E, H=H, remainder=E % H))
+            raise ShapeError(msg("explain.fused_heads", E=E, H=H, remainder=E % H))
         if d_k is not None and check_positive_int(d_k, "d_k") * H != E:
-            raise ShapeError(msg("explain.seed001_d_k", d_k=E // H, got=d_k))
+            raise ShapeError(msg("explain.fused_d_k", d_k=E // H, got=d_k))
         return E // H
     return 3 if d_k is None else check_positive_int(d_k, "d_k")
 

@@ -42,7 +42,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
+from ..checks import as_float_array, shape_str
+from ..errors import AttnlabError, ShapeError
 
 __all__ = [
     "DETECTORS",

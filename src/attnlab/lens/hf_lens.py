@@ -7,6 +7,8 @@ with :func:`attnlab.lens.run_with_hooks` / :func:`~attnlab.lens.run_with_cache`:
 
 - :func:`ablate_heads`: zero a head's z (equal to zeroing its columns of W_O, ``o_proj``)
   or replace it by its mean over the positions (mean ablation); returns the logits.
+- :func:`ablation_effects`: (L, H) how much the output changes when each head alone is
+  ablated: the relative change of the model's output tensor, or the drop of a metric.
 - :func:`patch`: run the corrupted inputs with chosen heads' z (``hook_z``) or chosen
   layers' residual stream (``hook_resid_post``) taken from the clean run, at every
   position or at chosen ones (activation patching, Meng et al. 2022); :func:`patch_sweep`
@@ -34,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError
+from ..messages import msg
 
-__all__ = ["ablate_heads", "direct_logit_attribution", "final_norm_and_unembed",
+__all__ = ["ablate_heads", "ablation_effects", "direct_logit_attribution", "final_norm_and_unembed",
            "head_importance", "logit_lens", "patch", "patch_sweep", "path_patch",
            "repeated_tokens_scores"]
 
@@ -84,6 +87,44 @@ def ablate_heads(model: Any, heads: Sequence[tuple[int, int]], *, how: str = "ze
 
     hooks = [(f"blocks.{layer}.attn.hook_z", edit) for layer in by_layer]
     return run_with_hooks(model, hooks=hooks, **inputs)
+
+
+def ablation_effects(model: Any, metric: Callable[[Any], Any] | None = None, *,
+                     how: str = "zero", **inputs: Any) -> np.ndarray:
+    """(L, H): how much the output changes when each head alone is ablated
+    (:func:`ablate_heads`; L·H runs and one plain run).
+
+    Without ``metric``: ‖y_ablated − y‖ / ‖y‖, y the model's output tensor (``logits``
+    of a language model, else ``last_hidden_state``: every batch item and position;
+    0 = the head changes nothing). With ``metric`` (output -> a number): metric(plain)
+    − metric(ablated), the metric's drop (negative where the ablation helps it).
+    """
+    import torch
+
+    if metric is not None and not callable(metric):
+        raise AttnlabError(f"metric: expected a function of the model's output, got {metric!r}")
+    L, H = _shape(model)
+
+    def read(output: Any) -> Any:
+        if metric is not None:
+            return float(metric(output))
+        value = getattr(output, "logits", None)
+        if value is None:
+            value = getattr(output, "last_hidden_state", None)
+        if value is None:
+            value = output[0]
+        return value.double()
+
+    effects = np.empty((L, H))
+    with torch.no_grad():
+        plain = read(model(**inputs))
+        for layer in range(L):
+            for head in range(H):
+                ablated = read(ablate_heads(model, [(layer, head)], how=how, **inputs))
+                effects[layer, head] = (
+                    plain - ablated if metric is not None
+                    else float((ablated - plain).norm()) / max(float(plain.norm()), 1e-30))
+    return effects
 
 
 def patch(model: Any, clean: dict[str, Any], corrupted: dict[str, Any], *,
@@ -302,8 +343,7 @@ def final_norm_and_unembed(model: Any) -> tuple[Any, Any]:
             break
     unembed = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if norm is None or unembed is None:
-        raise AttnlabError(f"model: {type(model).__name__} has no final norm and unembedding "
-                           "that the logit lens knows (a causal language model is needed)")
+        raise AttnlabError(msg("hf.lens_no_unembed", model=type(model).__name__))
     return norm, unembed
 
 
@@ -339,8 +379,7 @@ def direct_logit_attribution(model: Any, *, token: int | None = None, position: 
     import torch
 
     from . import run_with_cache
-    from .hf_points import attention_modules
-    from .hf_runs import output_projection
+    from .hf_points import attention_modules, output_projection
 
     L, H = _shape(model)
     norm, unembed = final_norm_and_unembed(model)
@@ -368,9 +407,7 @@ def direct_logit_attribution(model: Any, *, token: int | None = None, position: 
         bias = getattr(norm, "bias", None)
         frozen = centred * scale * gain + (bias if bias is not None else 0.0)
         if not torch.allclose(frozen, norm(x[None])[0], rtol=1e-4, atol=1e-5):
-            raise AttnlabError(f"model: the final norm {type(norm).__name__} is neither a "
-                               "LayerNorm nor an RMSNorm of the form weight · x / rms(x): "
-                               "cannot freeze its scale")
+            raise AttnlabError(msg("hf.dla_norm", norm=type(norm).__name__))
         direction = gain * scale * unembed.weight[token]  # (E,)
         scores = np.empty((L, H))
         for layer, attention in enumerate(attention_modules(model)):

@@ -32,12 +32,13 @@ contains "Attention" (``LlamaAttention``, ``GPT2Attention``, ``BertSelfAttention
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ..errors import AttnlabError
 
 __all__ = ["ATTENTION_POINTS", "LAYER_POINTS", "MLP_SIDE", "attention_modules", "install",
-           "is_hf_model"]
+           "is_hf_model", "output_projection"]
 
 ATTENTION_POINTS = ["hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"]
 LAYER_POINTS = ["hook_resid_pre", "hook_resid_mid", "hook_resid_post"]
@@ -68,14 +69,17 @@ def install(model: Any) -> Any:
         attention.hook_site = None
         attention.hook_points = ATTENTION_POINTS.copy
         layer.hook_site = None
-        layer.hook_points = _layer_points(attention)
+        # partials, not closures or a list's bound method: copy.deepcopy(model) copies a
+        # partial's arguments, so a copy's points sit on the copy's own modules
+        layer.hook_points = functools.partial(_layer_points, attention)
         layer.register_forward_pre_hook(_resid_pre, with_kwargs=True)
         layer.register_forward_hook(_resid_post)
         mlp_side = _mlp_side(layer, index)
-        mlp_side.register_forward_pre_hook(_resid_mid(layer), with_kwargs=True)
+        mlp_side.register_forward_pre_hook(functools.partial(_resid_mid, layer),
+                                           with_kwargs=True)
         children.append((f"blocks.{index}", layer))
     model.hook_site = None
-    model.hook_points = children.copy
+    model.hook_points = functools.partial(list, children)
     model._attnlab_hook_layers = len(layers)
     return model
 
@@ -89,6 +93,23 @@ def attention_modules(model: Any) -> list[Any]:
         modules += [child for child in layer.hook_points()
                     if isinstance(child, tuple) and child[0] == "attn"]
     return [module for _, module in modules]
+
+
+def output_projection(model: Any, attention: Any) -> Any:
+    """The module that maps the concatenated heads (.., H·Dv) to the model width: W_O."""
+    for attribute in ("o_proj", "c_proj", "out_proj", "dense", "o"):
+        found = getattr(attention, attribute, None)
+        if found is not None and callable(found):
+            return found
+    # BERT: BertSelfAttention's output goes to its parent's output.dense.
+    names = {module: name for name, module in model.named_modules()}
+    parent_name = names.get(attention, "").rpartition(".")[0]
+    parent = model.get_submodule(parent_name) if parent_name else None
+    dense = getattr(getattr(parent, "output", None), "dense", None)
+    if dense is None:
+        raise AttnlabError(f"model: cannot find the output projection of "
+                           f"{type(attention).__name__}")
+    return dense
 
 
 def check_attention_implementation(model: Any, names: list[str]) -> None:
@@ -136,11 +157,8 @@ def _mlp_side(layer: Any, index: int) -> Any:
                        f"the MLP side starts with ({', '.join(MLP_SIDE)}): no hook_resid_mid")
 
 
-def _layer_points(attention: Any) -> Any:
-    def points() -> list[str | tuple[str, Any]]:
-        return ["hook_resid_pre", ("attn", attention), "hook_resid_mid", "hook_resid_post"]
-
-    return points
+def _layer_points(attention: Any) -> list[str | tuple[str, Any]]:
+    return ["hook_resid_pre", ("attn", attention), "hook_resid_mid", "hook_resid_post"]
 
 
 def _resid_pre(layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -162,17 +180,14 @@ def _resid_post(layer: Any, args: Any, output: Any) -> Any:
     return site("hook_resid_post", output)
 
 
-def _resid_mid(layer: Any) -> Any:
-    def read(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        site = layer.hook_site
-        if site is None:
-            return None
-        value = args[0] if args else next(iter(kwargs.values()))
-        if site(("hook_resid_mid"), value) is not value:
-            raise AttnlabError(
-                f"hook {site.prefix}hook_resid_mid: read-only on Hugging Face models (the "
-                "layer keeps its own copy of the residual there); edit hook_resid_pre, an "
-                "attention point or hook_resid_post instead")
+def _resid_mid(layer: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    site = layer.hook_site
+    if site is None:
         return None
-
-    return read
+    value = args[0] if args else next(iter(kwargs.values()))
+    if site("hook_resid_mid", value) is not value:
+        raise AttnlabError(
+            f"hook {site.prefix}hook_resid_mid: read-only on Hugging Face models (the "
+            "layer keeps its own copy of the residual there); edit hook_resid_pre, an "
+            "attention point or hook_resid_post instead")
+    return None

@@ -8,13 +8,20 @@ layer, what each head computed:
 
 - ``weights`` (L, H, T, S): the attention weights (``hook_pattern``), what eager's
   ``output_attentions`` gives up to float32 rounding;
-- ``q`` (L, H, T, D), ``k`` (L, Hkv, S, D) (``hook_q``, ``hook_k``) and ``scales`` (L,)
-  (the attention module's ``scaling``, which transformers passes to the attention
-  function; 1/√D where a module has none): the queries and keys the weights came
-  from (after RoPE, where there is RoPE), so that
-  ``scores = q · kᵀ · scales[l]`` (+ −inf where not allowed) and ``weights = softmax(scores)``;
+- ``q`` (L, H, T, D), ``k`` (L, Hkv, S, D) (``hook_q``, ``hook_k``) and ``scales`` (L,):
+  the queries and keys the weights came from (after RoPE, where there is RoPE), so
+  that ``scores = q · kᵀ · scales[l]`` (+ −inf where not allowed) and
+  ``weights = softmax(scores)``. The scale is the attention module's ``scaling`` (what
+  transformers passes to the attention function), or where a module has none the
+  least-squares fit of the scores; either way it is checked against the scores the
+  model computed (``hook_attn_scores``). Where they are not q·kᵀ × one scale (a soft
+  cap, as in Gemma 2; a bias such as ALiBi), ``scales`` is None and ``neuron_note``
+  says why: the neuron view, which shows q·k × scale as the score, is left out;
 - ``value_norms`` (L, H, S): ‖v_j W_O^h‖ for each key j (v from ``hook_v``), so
-  that ‖α_ij v_j W_O^h‖ = α_ij · value_norms[l, h, j] (Kobayashi et al. 2020).
+  that ‖α_ij v_j W_O^h‖ = α_ij · value_norms[l, h, j] (Kobayashi et al. 2020);
+- ``ablation`` (L, H), when asked for: how much the model's output changes when each
+  head alone is zero-ablated, ‖y_ablated − y‖ / ‖y‖
+  (:func:`attnlab.lens.hf_lens.ablation_effects`; L·H more runs).
 
 How the reading is done: the model runs on attnlab's attention implementation
 (``attn_implementation="attnlab"``, registered by :func:`attnlab.hf.register`) and
@@ -39,14 +46,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError
-from ..messages import msg
+from ..messages import Message, msg
 from .cache import run_with_cache
-from .hf_points import attention_modules
+from .hf_points import attention_modules, output_projection
 
-__all__ = ["HFModel", "HFRun", "load_hf", "output_projection", "run_hf"]
+__all__ = ["HFModel", "HFRun", "load_hf", "output_projection", "run_hf", "score_scales"]
 
 #: The attention points :func:`run_hf` reads, per layer.
-READ_POINTS = ("hook_q", "hook_k", "hook_v", "hook_pattern")
+READ_POINTS = ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern")
 
 
 @dataclass
@@ -80,12 +87,14 @@ class HFRun:
     weights: np.ndarray  # (L, H, T, T)
     q: np.ndarray  # (L, H, T, D)
     k: np.ndarray  # (L, Hkv, T, D)
-    scales: np.ndarray  # (L,): scores = q · kᵀ · scales[l]
+    scales: np.ndarray | None  # (L,): scores = q · kᵀ · scales[l]; None: they are not
     value_norms: np.ndarray  # (L, H, T)
     is_causal: bool
     prompt_length: int  # tokens before the generated ones (T when nothing was generated)
     segments: list[int] | None = None  # 0 = sentence A, 1 = sentence B (pairs only)
     logits: np.ndarray | None = field(default=None, repr=False)  # (T, vocab), decoders
+    ablation: np.ndarray | None = None  # (L, H): relative output change, each head zeroed
+    neuron_note: Message | None = None  # why scales is None (no neuron view)
 
     @property
     def generated(self) -> np.ndarray:
@@ -147,23 +156,6 @@ def load_hf(name: str, *, trust_remote_code: bool = False, max_length: int | Non
                    is_decoder=is_decoder)
 
 
-def output_projection(model: Any, attention: Any) -> Any:
-    """The module that maps the concatenated heads (.., H·Dv) to the model width: W_O."""
-    for attribute in ("o_proj", "c_proj", "out_proj", "dense", "o"):
-        found = getattr(attention, attribute, None)
-        if found is not None and callable(found):
-            return found
-    # BERT: BertSelfAttention's output goes to its parent's output.dense.
-    names = {module: name for name, module in model.named_modules()}
-    parent_name = names.get(attention, "").rpartition(".")[0]
-    parent = model.get_submodule(parent_name) if parent_name else None
-    dense = getattr(getattr(parent, "output", None), "dense", None)
-    if dense is None:
-        raise AttnlabError(f"model: cannot find the output projection of "
-                           f"{type(attention).__name__}")
-    return dense
-
-
 def _value_norms(model: Any, attention: Any, value: Any, num_heads: int) -> np.ndarray:
     """‖v_j W_O^h‖ for every head h and key j: (H, S), from ``value`` (B, Hkv, S, Dv) as
     ``hook_v`` read it. W_O is applied as the model's own module to an input that holds
@@ -187,7 +179,43 @@ def _value_norms(model: Any, attention: Any, value: Any, num_heads: int) -> np.n
     return norms
 
 
-def run_hf(hf: HFModel, text: str, *, pair: str | None = None, generate: int = 0) -> HFRun:
+def score_scales(hf: HFModel, attentions: Sequence[Any], q: np.ndarray, k: np.ndarray,
+                 scores: np.ndarray, weights: np.ndarray
+                 ) -> tuple[np.ndarray | None, Message | None]:
+    """(L,) the scale s_l with scores = q · kᵀ · s_l, checked against the ``scores`` the
+    model computed, or (None, why) where they are not that.
+
+    q (L, H, T, D), k (L, Hkv, S, D), scores and weights (L, H, T, S) of batch item 0.
+    The scale is the module's ``scaling`` or, where it has none, the least-squares fit
+    over the taken positions (weight > 0: masked ones hold −inf or the dtype's minimum).
+    A module with a soft cap (``attn_logit_softcapping``, Gemma 2) is refused by name;
+    any other difference above float32 rounding (1e-4 of the largest |score|) too.
+    """
+    config = hf.model.config
+    H, Hkv = q.shape[1], k.shape[1]
+    found = []
+    for layer, attention in enumerate(attentions):
+        cap = (getattr(attention, "attn_logit_softcapping", None)
+               or getattr(config, "attn_logit_softcapping", None))
+        if cap:
+            return None, msg("hf.neuron_softcap", model=hf.name, layer=layer + 1, cap=cap)
+        dots = np.einsum("htd,hsd->hts", q[layer],
+                         np.repeat(k[layer], H // Hkv, axis=0))  # (H, T, S)
+        taken = (weights[layer] > 0) & np.isfinite(scores[layer])  # (H, T, S)
+        dot, score = dots[taken], scores[layer][taken]
+        scale = getattr(attention, "scaling", None)
+        if scale is None:
+            scale = float(dot @ score / max(float(dot @ dot), 1e-300))
+        error = float(np.abs(dot * float(scale) - score).max(initial=0.0))
+        if error > 1e-4 * (1.0 + float(np.abs(score).max(initial=0.0))):
+            return None, msg("hf.neuron_scale", model=hf.name, layer=layer + 1,
+                             error=f"{error:.3g}")
+        found.append(float(scale))
+    return np.array(found), None
+
+
+def run_hf(hf: HFModel, text: str, *, pair: str | None = None, generate: int = 0,
+           ablation: bool = False) -> HFRun:
     """Run ``text`` (and ``pair``, or ``generate`` greedy tokens after it) through ``hf``.
 
     With ``generate`` N > 0 (decoders only), ``model.generate`` picks N tokens greedily
@@ -195,7 +223,8 @@ def run_hf(hf: HFModel, text: str, *, pair: str | None = None, generate: int = 0
     prompt + generated tokens reads every head. For a causal model that forward's row t
     is exactly the row the cached step computed at position t (the KV cache grows by
     one key per step and changes no earlier row), so the viewer's step slider shows the
-    cache growing by cutting this one matrix.
+    cache growing by cutting this one matrix. ``ablation``: also measure each head's
+    zero-ablation effect on the output over the same tokens (``HFRun.ablation``).
     """
     import torch
 
@@ -254,15 +283,21 @@ def run_hf(hf: HFModel, text: str, *, pair: str | None = None, generate: int = 0
     k = np.stack([read(i, "hook_k")[0].double().numpy() for i in range(L)])  # (L, Hkv, T, D)
     norms = np.stack([_value_norms(model, attentions[i], read(i, "hook_v"), H)
                       for i in range(L)])  # (L, H, T)
-    scales = np.array([float(getattr(attentions[i], "scaling", None) or q.shape[-1] ** -0.5)
-                       for i in range(L)])
+    scores = np.stack([read(i, "hook_attn_scores")[0].double().numpy()
+                       for i in range(L)])  # (L, H, T, T)
+    scales, neuron_note = score_scales(hf, attentions, q, k, scores, weights)
     flat = ids[0].tolist()
     tokens = [str(t) for t in hf.tokenizer.convert_ids_to_tokens(flat)]
     logits = result.logits[0].double().numpy() if hf.is_decoder else None
+    effects = None
+    if ablation:
+        from .hf_lens import ablation_effects
+
+        effects = ablation_effects(model, input_ids=ids, **extra)  # (L, H)
     return HFRun(tokens=tokens, ids=np.asarray(flat), weights=weights, q=q, k=k,
                  scales=scales, value_norms=norms,
                  is_causal=hf.is_decoder, prompt_length=prompt_length, segments=segments,
-                 logits=logits)
+                 logits=logits, ablation=effects, neuron_note=neuron_note)
 
 
 def tokens_of(hf: HFModel, ids: Sequence[int]) -> list[str]:

@@ -36,7 +36,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import AttnlabError, ShapeError, shape_str
+from ..checks import shape_str
+from ..errors import AttnlabError, ShapeError
 from .weight_checks import check_weights
 
 __all__ = ["HEAD_FUSIONS", "attention_flow", "attention_rollout", "fused_layers", "max_flow"]

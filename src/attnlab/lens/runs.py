@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnlabError, shape_str
+from ..checks import shape_str
+from ..errors import AttnlabError
 from .hooks import check_model, forward, hooked, to_numpy
 
 __all__ = ["Activations", "encode_inputs", "mean_pool", "record", "sentence_embeddings"]

@@ -13,14 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_bool_mask,
-    as_float_array,
-    check_broadcastable,
-    shape_str,
-)
+from ..checks import as_bool_mask, as_float_array, check_broadcastable, shape_str
+from ..errors import AttnlabError, ShapeError
 
 __all__ = ["WEIGHT_TOL", "check_labels", "check_mask", "check_padding", "check_rows",
            "check_specials", "check_weights"]

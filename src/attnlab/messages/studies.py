@@ -23,8 +23,6 @@ STUDY_MESSAGES: dict[str, tuple[str, str]] = {
     "study.never": ("never", "从不"),
     "study.time": ("time", "时间"),
     # ---- the lines the commands print
-    "cli.wrote": ("wrote {path}", "已写入 {path}"),
-    "cli.no_plot": ("note: no plot ({reason})", "说明：未画图（{reason}）"),
     "cli.approx_pass_out": ("(pass --out DIR to write approx.json and the plots)",
                             "（加上 --out DIR 可写出 approx.json 和图）"),
     # ---- attnlab profile: the models and their notes
@@ -153,6 +151,12 @@ STUDY_MESSAGES: dict[str, tuple[str, str]] = {
                           "  加速比 {speedup}×；生成的词元相同：是（最大 |Δlogit| {diff}）"),
     "bench.other_tokens": ("  speed-up {speedup}×; same tokens: NO (max |Δlogit| {diff})",
                            "  加速比 {speedup}×；生成的词元相同：否（最大 |Δlogit| {diff}）"),
+    # ---- attnlab bench: progress
+    "bench.progress.warm_up": ("attention T={T}: warm-up", "注意力 T={T}：预热"),
+    "bench.progress.attention_run": ("attention T={T}: run {run}/{runs}", "注意力 T={T}：第 {run}/{runs} 次运行"),
+    "bench.progress.memory": ("attention T={T}: memory", "注意力 T={T}：内存"),
+    "bench.progress.decode_run": ("decode S={S}: run {run}/{runs}", "解码 S={S}：第 {run}/{runs} 次运行"),
+    "bench.progress.generate": ("generate {how}", "生成（{how}）"),
     # ---- attnlab bench: the plots
     "bench.plot.length": ("sequence length T = S", "序列长度 T = S"),
     "bench.plot.gflops": ("GFLOP/s (median, min–max)", "GFLOP/s（中位数，最小–最大）"),

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from ..attention import MAX_SCORE_ELEMENTS
-from ..errors import AttnlabError, ShapeError, check_flag, check_text, shape_str
+from ..checks import check_flag, check_text, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..fast.varlen import check_cu_seqlens
 from ..hooks import HookSite, any_attached
 from ..masks import padding_mask
@@ -146,15 +147,19 @@ class BertModel:
 
     # ---- the encoder -----------------------------------------------------------
 
+    def _check_vocab(self, input_ids: np.ndarray) -> None:
+        """Refuse token ids outside [0, vocab_size), naming the range received."""
+        if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
+            raise AttnlabError(f"input_ids: expected ids in [0, {self.config.vocab_size}), "
+                               f"got [{input_ids.min()}, {input_ids.max()}]")
+
     def embed(self, input_ids: np.ndarray, token_type_ids: np.ndarray | None = None) -> np.ndarray:
         """(B, T) ids -> (B, T, E): word + position + token type, then LayerNorm."""
         B, T = input_ids.shape
         if T > self.config.max_position_embeddings:
             raise ShapeError(f"input_ids: expected at most {self.config.max_position_embeddings} "
                              f"tokens, got {T}")
-        if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
-            raise AttnlabError(f"input_ids: expected ids in [0, {self.config.vocab_size}), "
-                               f"got [{input_ids.min()}, {input_ids.max()}]")
+        self._check_vocab(input_ids)
         site = self.hook_site
         x = self.word_embeddings[input_ids]  # (B, T, E), a new array: summed in place
         types = (self.token_type_embeddings[0] if token_type_ids is None
@@ -232,9 +237,7 @@ class BertModel:
         if longest > self.config.max_position_embeddings:
             raise ShapeError(f"cu_seqlens: expected sequences of at most "
                              f"{self.config.max_position_embeddings} tokens, got {longest}")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
-            raise AttnlabError(f"input_ids: expected ids in [0, {self.config.vocab_size}), "
-                               f"got [{ids.min()}, {ids.max()}]")
+        self._check_vocab(ids)
         positions = np.arange(ids.shape[0]) - np.repeat(cu[:-1], lengths)  # (N,) from 0 each
         x = self.word_embeddings[ids]  # (N, E), a new array: summed in place
         x += self.position_embeddings[positions]  # (N, E)

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from ..backward import check_upstream
-from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
+from ..checks import as_float_array, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..masks import padding_mask
 from ..nn.backward import block_backward, layer_norm_backward
 from .bert import BertModel

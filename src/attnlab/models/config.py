@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnlabError, shape_str
+from ..checks import shape_str
+from ..errors import AttnlabError
 
 __all__ = ["ACTIVATION", "IGNORED_TENSORS", "BertConfig", "ModelFileError", "check_tensors",
            "is_json_int", "short_repr"]

@@ -27,7 +27,7 @@ __all__ = ["fusable", "fused_encoder", "fused_encoder_packed", "softmax_by_block
 
 def fusable(block: EncoderBlock) -> bool:
     """Whether :func:`fused_encoder` computes exactly this block (as BertModel builds them):
-    post-LN, exact GELU, float32, no RoPE / ALiBi / GQA, dropout off, and the
+    post-LN, exact GELU, float32, no RoPE / ALiBi / GQA / own scale, dropout off, and the
     :class:`EncoderBlock` forward itself (a subclass that changes it computes something
     else). Hook points are not here: :class:`attnlab.models.BertModel` also leaves the
     fused path when a hook is attached, or when its ``fused`` option is False."""
@@ -38,7 +38,8 @@ def fusable(block: EncoderBlock) -> bool:
     return (isinstance(block, EncoderBlock) and type(block).forward is EncoderBlock.forward
             and block.norm == "post"
             and not (block.dropout.training and block.dropout.p > 0)
-            and attn.rope is None and not attn.alibi and attn.num_kv_heads == attn.num_heads
+            and attn.rope is None and not attn.alibi and attn.scale is None
+            and attn.num_kv_heads == attn.num_heads
             and attn.head_dim == attn.value_head_dim and ffn.activation == "gelu"
             and all(a is not None and a.dtype == np.float32 for a in arrays))
 
@@ -75,7 +76,7 @@ def fused_encoder(blocks: list[EncoderBlock], x: np.ndarray, mask: np.ndarray | 
     scores = np.empty((B, H, T, T), dtype=np.float32)  # (B, H, T, S), S = T
     hidden = np.empty((B * T, F), dtype=np.float32)  # (N, F)
     for block in blocks:
-        attn, ffn = block.attn, block.ffn
+        attn = block.attn
         for out, w, b in ((q, attn.Wq, attn.bq), (k, attn.Wk, attn.bk), (v, attn.Wv, attn.bv)):
             linear(rows, w, b, out=out)  # (N, E)
         q_heads, k_heads, v_heads = (
@@ -91,15 +92,24 @@ def fused_encoder(blocks: list[EncoderBlock], x: np.ndarray, mask: np.ndarray | 
                 break
         # weights @ V written straight into the merged-heads layout.
         np.matmul(scores, v_heads, out=heads.reshape(B, T, H, D).transpose(0, 2, 1, 3))
-        linear(heads, attn.Wo, attn.bo, out=h)  # (N, E)
-        h += rows  # residual; dropout is the identity in evaluation mode
-        layer_norm_inplace(h, block.norm1.gamma, block.norm1.beta, block.norm1.eps)
-        linear(h, ffn.W1, None, out=hidden)  # (N, F)
-        gelu_erf(hidden, ffn.b1, out=hidden)  # GELU(h W1 + b1), in place
-        linear(hidden, ffn.W2, ffn.b2, out=rows)  # (N, E); the block's input is spent
-        rows += h  # residual
-        layer_norm_inplace(rows, block.norm2.gamma, block.norm2.beta, block.norm2.eps)
+        _block_rest(block, heads, rows, h, hidden)
     return rows.reshape(B, T, E)
+
+
+def _block_rest(block: EncoderBlock, heads: np.ndarray, rows: np.ndarray, h: np.ndarray,
+                hidden: np.ndarray) -> None:
+    """A post-LN block after attention, in place: heads (N, E) merged head outputs,
+    rows (N, E) the block's input, overwritten with its output; h (N, E) and hidden
+    (N, F) scratch."""
+    attn, ffn = block.attn, block.ffn
+    linear(heads, attn.Wo, attn.bo, out=h)  # (N, E)
+    h += rows  # residual; dropout is the identity in evaluation mode
+    layer_norm_inplace(h, block.norm1.gamma, block.norm1.beta, block.norm1.eps)
+    linear(h, ffn.W1, None, out=hidden)  # (N, F)
+    gelu_erf(hidden, ffn.b1, out=hidden)  # GELU(h W1 + b1), in place
+    linear(hidden, ffn.W2, ffn.b2, out=rows)  # (N, E); the block's input is spent
+    rows += h  # residual
+    layer_norm_inplace(rows, block.norm2.gamma, block.norm2.beta, block.norm2.eps)
 
 
 def fused_encoder_packed(
@@ -128,20 +138,13 @@ def fused_encoder_packed(
     q, k, v, heads, h = np.empty((5, N, E), dtype=np.float32)  # (N, E) each
     hidden = np.empty((N, F), dtype=np.float32)  # (N, F)
     for block in blocks:
-        attn, ffn = block.attn, block.ffn
+        attn = block.attn
         for out, w, b in ((q, attn.Wq, attn.bq), (k, attn.Wk, attn.bk), (v, attn.Wv, attn.bv)):
             linear(rows, w, b, out=out)  # (N, E)
         # (N, E) is already the packed (N, H, D) layout: heads are contiguous columns.
         attend_packed(q.reshape(N, H, D), k.reshape(N, H, D), v.reshape(N, H, D), cu_seqlens,
                       cu_seqlens, scale, False, out=heads.reshape(N, H, D))
-        linear(heads, attn.Wo, attn.bo, out=h)  # (N, E)
-        h += rows  # residual; dropout is the identity in evaluation mode
-        layer_norm_inplace(h, block.norm1.gamma, block.norm1.beta, block.norm1.eps)
-        linear(h, ffn.W1, None, out=hidden)  # (N, F)
-        gelu_erf(hidden, ffn.b1, out=hidden)  # GELU(h W1 + b1), in place
-        linear(hidden, ffn.W2, ffn.b2, out=rows)  # (N, E); the block's input is spent
-        rows += h  # residual
-        layer_norm_inplace(rows, block.norm2.gamma, block.norm2.beta, block.norm2.eps)
+        _block_rest(block, heads, rows, h, hidden)
     return rows
 
 

@@ -36,7 +36,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..backward import attention_backward, check_upstream, sum_to_shape
-from ..errors import AttnlabError, ShapeError, as_float_array, shape_str
+from ..checks import as_float_array, shape_str
+from ..errors import AttnlabError, ShapeError
+from ..gqa import gqa_reduce
 from ..kernel import attend, check_inputs
 from ..special import erf
 from .layers import EncoderBlock, FeedForward, LayerNorm, SelfAttentionLayer, gelu, layer_norm_stats
@@ -133,7 +135,8 @@ def mha_backward(
     group = H // Hkv
     q, k, v = mha.project(x_arr, ctx)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
     k_rep, v_rep = mha.expand_kv(k), mha.expand_kv(v)  # (B, H, S, D), (B, H, S, Dv)
-    checked = check_inputs(q, k_rep, v_rep, mask, bias=bias, is_causal=is_causal)
+    checked = check_inputs(q, k_rep, v_rep, mask, bias=bias, is_causal=is_causal,
+                           scale=mha.scale)
     q_arr, k_arr, v_arr, bias_arr, scale_value = (
         checked.q, checked.k, checked.v, checked.bias, checked.scale
     )
@@ -154,8 +157,8 @@ def mha_backward(
     dq, dk_rep, dv_rep, dscaled = attention_backward(
         q_arr, k_arr, v_arr, weights, dheads, scale_value
     )  # (B, H, T, D), (B, H, S, D), (B, H, S, Dv), (B, H, T, S)
-    dk = _sum_groups(dk_rep, Hkv, group)  # (B, Hkv, S, D)
-    dv = _sum_groups(dv_rep, Hkv, group)  # (B, Hkv, S, Dv)
+    dk = gqa_reduce(dk_rep, group)  # (B, Hkv, S, D)
+    dv = gqa_reduce(dv_rep, group)  # (B, Hkv, S, Dv)
 
     dx = np.zeros_like(x_arr)
     dctx = np.zeros_like(ctx)
@@ -174,15 +177,6 @@ def mha_backward(
     if context is None:  # self-attention: x feeds the keys and values too
         return MultiHeadGrads(dx + dctx, None, params, dbias)
     return MultiHeadGrads(dx, dctx, params, dbias)
-
-
-def _sum_groups(grad: np.ndarray, kv_heads: int, group: int) -> np.ndarray:
-    """GQA: undo ``np.repeat(kv, group, axis=-3)`` by summing each group of query heads."""
-    if group == 1:
-        return grad
-    *lead, _, S, dim = grad.shape
-    grouped = grad.reshape(*lead, kv_heads, group, S, dim)  # (B, Hkv, G, S, dim)
-    return grouped.sum(axis=-3)  # (B, Hkv, S, dim)
 
 
 def _weight_grad(inputs: np.ndarray, dproj: np.ndarray) -> np.ndarray:

@@ -28,21 +28,15 @@ logits.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import InitVar, dataclass
+from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_array,
-    check_alloc,
-    check_flag,
-    check_positive_int,
-    shape_str,
-)
+from ..checks import as_array, check_alloc, check_flag, check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..fast.kv_cache import KVCache, SlidingWindowKVCache
 from ..fast.sparse import sliding_window_mask
 from ..hooks import HookSite, any_attached
@@ -60,9 +54,12 @@ Cache = KVCache | SlidingWindowKVCache
 class DecoderConfig:
     """Sizes and options of :class:`TinyDecoder`.
 
-    ``window`` (W) restricts attention to W keys including the current token
-    (None: full causal attention); ``max_len`` fixes the caches' size (None: they
-    grow); ``dtype`` is "float32" or "float64".
+    ``pos`` is the positional encoding: "rope" (queries and keys rotated at their
+    absolute positions) or "none" (the name ``explain(pos=)`` uses); ``rope=True`` /
+    ``rope=False`` is its former spelling (deprecated, warns). ``window`` (W)
+    restricts attention to W keys including the current token (None: full causal
+    attention); ``max_len`` fixes the caches' size (None: they grow); ``dtype`` is
+    "float32" or "float64".
     """
 
     vocab_size: int = 256
@@ -72,13 +69,18 @@ class DecoderConfig:
     num_layers: int = 2
     d_ff: int = 256
     activation: str = "gelu_tanh"
-    rope: bool = True
+    pos: Literal["rope", "none"] = "rope"
     rope_base: float = 10000.0
     window: int | None = None
     max_len: int | None = None
     dtype: str = "float32"
+    rope: InitVar[bool | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, rope: bool | None) -> None:
+        if rope is not None:
+            warnings.warn("DecoderConfig(rope=...) is deprecated: say pos='rope' or "
+                          "pos='none'", DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "pos", "rope" if check_flag(rope, "rope") else "none")
         for name in ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff"):
             check_positive_int(getattr(self, name), name)
         H = self.num_heads
@@ -91,8 +93,9 @@ class DecoderConfig:
             raise AttnlabError(
                 f"d_model: expected a multiple of num_heads = {H}, got {self.d_model}"
             )
-        check_flag(self.rope, "rope")
-        if self.rope and (self.d_model // H) % 2:
+        if self.pos not in ("rope", "none"):
+            raise AttnlabError(f"pos: expected 'rope' or 'none', got {self.pos!r}")
+        if self.pos == "rope" and (self.d_model // H) % 2:
             raise AttnlabError(
                 f"d_model: RoPE needs an even head dim D = d_model / num_heads, "
                 f"got D = {self.d_model // H}"
@@ -179,7 +182,7 @@ class DecoderBlock:
             positions = cache.next_positions(x.shape[-2])  # (T,) absolute
             q = mha.rope(q, positions)  # (B, H, T, D)
             k = mha.rope(k, positions)  # (B, Hkv, T, D)
-        heads = cache.attend(q, k, v)  # (B, H, T, Dv)
+        heads = cache.attend(q, k, v, scale=mha.scale)  # (B, H, T, Dv)
         h = x + linear(merge_heads(heads), mha.Wo, mha.bo)  # (B, T, E)
         return h + block.ffn(block.norm2(h))  # (B, T, E)
 
@@ -210,7 +213,7 @@ class TinyDecoder:
         self.blocks: list[DecoderBlock] = []
         for _ in range(cfg.num_layers):
             attn = MultiHeadAttention.init(
-                cfg.num_heads, E, num_kv_heads=cfg.num_kv_heads, rope=cfg.rope,
+                cfg.num_heads, E, num_kv_heads=cfg.num_kv_heads, rope=cfg.pos == "rope",
                 rope_base=cfg.rope_base, seed=rng, dtype=dtype,
             )
             ffn = FeedForward(E, cfg.d_ff, activation=cfg.activation, seed=rng)

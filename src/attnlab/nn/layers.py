@@ -1,4 +1,8 @@
-"""The blocks around attention: LayerNorm, dropout, feed-forward, and the layers.
+"""The layers around attention: dropout, the self-attention layer and the encoder block.
+
+Their parts live one concept per module: :mod:`attnlab.nn.norm` (LayerNorm),
+:mod:`attnlab.nn.feedforward` (the feed-forward sublayer, GELU) and
+:mod:`attnlab.nn.multihead`; their names are importable from here too.
 
 Dimension legend: B batch, T sequence length, E model width, F feed-forward width.
 
@@ -21,131 +25,24 @@ for training.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import AttnlabError, ShapeError, as_float_array, check_positive_int, shape_str
+from ..errors import AttnlabError
 from ..hooks import HookSite
-from ..init import as_rng, init_weight
-from ..special import gelu_erf
+from ..init import as_rng
 from ..trace import Recorder
-from .multihead import MultiHeadAttention, linear
+from .feedforward import FeedForward, gelu
+from .multihead import MultiHeadAttention
+from .norm import LayerNorm, layer_norm_inplace, layer_norm_stats
 
+# LayerNorm, FeedForward and gelu are defined in .norm and .feedforward and stay importable
+# from here, where they were first defined.
 __all__ = ["LayerNorm", "Dropout", "FeedForward", "SelfAttentionLayer", "EncoderBlock", "gelu",
            "layer_norm_stats", "layer_norm_inplace"]
 
 NormPlacement = Literal["post", "pre"]
-
-
-class LayerNorm:
-    """Layer normalisation over the last dim.
-
-    Shapes: x (..., E) -> (..., E)
-
-    y = (x - mean) / sqrt(var + eps) * gamma + beta, with the biased variance
-    (divide by E), as in ``torch.nn.LayerNorm``.
-    """
-
-    def __init__(self, d_model: int, eps: float = 1e-5, *, gamma: Any = None, beta: Any = None):
-        self.d_model = check_positive_int(d_model, "d_model")
-        if isinstance(eps, bool) or not (isinstance(eps, (int, float, np.floating)) and eps > 0):
-            raise AttnlabError(f"eps: expected a positive number, got {eps!r}")
-        self.eps = float(eps)
-        self.gamma = np.ones(d_model) if gamma is None else _vec(gamma, "gamma", d_model)
-        self.beta = np.zeros(d_model) if beta is None else _vec(beta, "beta", d_model)
-
-    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
-
-    def hook_points(self) -> list[str | tuple[str, Any]]:
-        """``hook_normalized`` (..., E): the output, after gamma and beta."""
-        return ["hook_normalized"]
-
-    def __call__(self, x: Any) -> np.ndarray:
-        x_arr = as_float_array(x, "x")
-        if x_arr.ndim < 1 or x_arr.shape[-1] != self.d_model:
-            raise ShapeError(f"x: expected (..., {self.d_model}), got {shape_str(x_arr.shape)}")
-        return self.forward(x_arr)
-
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """The normalisation of a checked x (..., E) -> (..., E); no checks."""
-        centred, std, _ = layer_norm_stats(x, self.eps)  # (..., E), (..., 1)
-        normed = centred / std  # (..., E)
-        out = (normed * self.gamma + self.beta).astype(x.dtype, copy=False)
-        return out if self.hook_site is None else self.hook_site("hook_normalized", out)
-
-
-def layer_norm_stats(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """LayerNorm's statistics over the last axis, safe from overflow.
-
-    Shapes: x (..., E) -> centred (..., E), std (..., 1), m (..., 1), with
-    ``centred / std`` the normalised x, and ``m * std`` = √(var(x) + eps).
-
-    Usually centred = x − mean, std = √(var + eps) and m = 1. In a row whose
-    squares overflow (|x| near the dtype's largest value, e.g. 1e160 in float64)
-    the variance would be inf and the row silently all zeros; there the row is
-    divided by m = its largest |x| first (LayerNorm is scale-invariant but for
-    eps, which becomes eps / m²).
-    """
-    with np.errstate(over="ignore", invalid="ignore"):
-        mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
-        centred = x - mean  # (..., E)
-        var = np.mean(centred * centred, axis=-1, keepdims=True)  # (..., 1)
-    m = np.ones_like(var)  # (..., 1)
-    bad = ~np.isfinite(var)  # (..., 1)
-    if bad.any():
-        m = np.where(bad, np.max(np.abs(x), axis=-1, keepdims=True), m)  # (..., 1)
-        xs = x / m  # (..., E), |xs| <= 1 in the rescaled rows
-        cs = xs - xs.mean(axis=-1, keepdims=True)  # (..., E)
-        with np.errstate(over="ignore"):
-            eps_scaled = eps / (m * m)  # (..., 1); m² may overflow: eps / inf = 0
-        var_scaled = np.mean(cs * cs, axis=-1, keepdims=True)  # (..., 1)
-        # A constant row (its sum overflowed) has var 0 exactly: back to m = 1, std = √eps.
-        constant = bad & (var_scaled == 0)
-        m = np.where(constant, 1.0, m).astype(var.dtype, copy=False)
-        centred = np.where(bad, cs, centred)
-        var = np.where(bad, var_scaled, var)
-        return centred, np.sqrt(var + np.where(bad & ~constant, eps_scaled, eps)), m
-    return centred, np.sqrt(var + eps), m
-
-
-def layer_norm_inplace(
-    x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float
-) -> np.ndarray:
-    """LayerNorm over the last axis, written into ``x`` itself; returns ``x``.
-
-    Shapes: x (..., E) C-contiguous, gamma (E,), beta (E,) -> x. An unchecked
-    kernel for a loop that owns its buffers (the checked public op is
-    :class:`LayerNorm`). Efficient implementation equivalent to the following,
-    up to the rounding of the row sums::
-
-        centred, std, _ = layer_norm_stats(x, eps)
-        x[...] = centred / std * gamma + beta
-
-    The row sums are one matrix-vector product and one einsum instead of a
-    NumPy reduction per row (about 4x faster for E = 384); a row whose squares
-    overflow takes :func:`layer_norm_stats`' rescaling path, as LayerNorm does.
-    """
-    if not x.flags.c_contiguous:  # reshape would copy, and the result be lost
-        raise AttnlabError("x: expected a C-contiguous array to normalise in place")
-    E = x.shape[-1]
-    rows = x.reshape(-1, E)  # (N, E), a view of x
-    with np.errstate(over="ignore", invalid="ignore"):
-        mean = rows @ np.ones(E, dtype=rows.dtype)  # (N,) row sums
-        mean /= E
-        centred = rows - mean[:, None]  # (N, E); x is kept for the overflow path
-        var = np.einsum("ij,ij->i", centred, centred)  # (N,) sums of squares
-        var /= E
-    if not np.isfinite(var).all():
-        stats_centred, std, _ = layer_norm_stats(x, eps)  # (..., E), (..., 1)
-        np.divide(stats_centred, std, out=x)
-    else:
-        var += eps
-        np.divide(centred, np.sqrt(var)[:, None], out=rows)  # (N, E)
-    x *= gamma
-    x += beta
-    return x
 
 
 class Dropout:
@@ -166,88 +63,6 @@ class Dropout:
             return x
         keep = self.rng.random(x.shape) >= self.p  # same shape as x
         return np.where(keep, x / (1.0 - self.p), 0.0).astype(x.dtype, copy=False)
-
-
-def gelu(x: np.ndarray, approximate: Literal["none", "tanh"] = "none") -> np.ndarray:
-    """GELU(x) = x · Φ(x). ``approximate="none"`` uses the exact erf (BERT), "tanh" GPT-2's."""
-    x = as_float_array(x, "x", allow_nonfinite=True)  # integers -> float64, never truncated
-    if approximate not in ("none", "tanh"):
-        raise AttnlabError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
-    if approximate == "tanh":
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-    return gelu_erf(x)  # x/2 · (1 + erf(x/√2)), float32 in cache-sized chunks
-
-
-_ACTIVATIONS = {
-    "relu": lambda x: np.maximum(x, 0.0),
-    "gelu": gelu,
-    "gelu_tanh": lambda x: gelu(x, "tanh"),
-}
-
-
-class FeedForward:
-    """Position-wise feed-forward: act(x W1 + b1) W2 + b2.
-
-    Shapes: x (..., E) -> (..., E); W1 (E, F), W2 (F, E).
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int,
-        *,
-        activation: str = "relu",
-        scheme: str = "xavier",
-        seed: int | np.random.Generator | None = 0,
-    ):
-        E = check_positive_int(d_model, "d_model")
-        F = check_positive_int(d_ff, "d_ff")
-        if activation not in _ACTIVATIONS:
-            raise AttnlabError(
-                f"activation: expected one of {sorted(_ACTIVATIONS)}, got {activation!r}"
-            )
-        rng = as_rng(seed)
-        self.activation = activation
-        self.W1, self.b1 = init_weight(E, F, scheme, rng=rng), np.zeros(F)
-        self.W2, self.b2 = init_weight(F, E, scheme, rng=rng), np.zeros(E)
-
-    hook_site: HookSite | None = None  # set while hooks are attached (attnlab.hooks)
-
-    def hook_points(self) -> list[str | tuple[str, Any]]:
-        """``hook_pre`` (..., F) = x W1 + b1, ``hook_post`` (..., F) = act(hook_pre)."""
-        return ["hook_pre", "hook_post"]
-
-    @classmethod
-    def from_weights(
-        cls, W1: Any, b1: Any, W2: Any, b2: Any, *, activation: str = "relu"
-    ) -> FeedForward:
-        """Wrap given weights: W1 (E, F), b1 (F,), W2 (F, E), b2 (E,)."""
-        w1, w2 = as_float_array(W1, "W1"), as_float_array(W2, "W2")
-        if w1.ndim != 2:
-            raise ShapeError(f"W1: expected (E, F), got {shape_str(w1.shape)}")
-        E, F = w1.shape
-        if w2.shape != (F, E):
-            raise ShapeError(f"W2: expected (F, E) = ({F}, {E}), got {shape_str(w2.shape)}")
-        ffn = cls(E, F, activation=activation)
-        ffn.W1, ffn.b1 = w1, _vec(b1, "b1", F)
-        ffn.W2, ffn.b2 = w2, _vec(b2, "b2", E)
-        return ffn
-
-    def __call__(self, x: Any) -> np.ndarray:
-        x = as_float_array(x, "x")
-        if x.ndim < 1 or x.shape[-1] != self.W1.shape[0]:
-            raise ShapeError(f"x: expected (..., {self.W1.shape[0]}), got {shape_str(x.shape)}")
-        return self.forward(x)
-
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """The feed-forward of a checked x (..., E) -> (..., E); no checks."""
-        site = self.hook_site
-        if site is None:
-            hidden = _ACTIVATIONS[self.activation](linear(x, self.W1, self.b1))  # (..., F)
-            return linear(hidden, self.W2, self.b2)  # (..., E)
-        pre = site("hook_pre", linear(x, self.W1, self.b1))  # (..., F)
-        hidden = site("hook_post", _ACTIVATIONS[self.activation](pre))  # (..., F)
-        return linear(hidden, self.W2, self.b2)  # (..., E)
 
 
 class SelfAttentionLayer:
@@ -448,10 +263,3 @@ class EncoderBlock(SelfAttentionLayer):
         return ["hook_resid_pre", ("attn", self.attn), "hook_attn_out", ("ln1", self.norm1),
                 "hook_resid_mid", ("mlp", self.ffn), "hook_mlp_out", ("ln2", self.norm2),
                 "hook_resid_post"]
-
-
-def _vec(value: Any, name: str, size: int) -> np.ndarray:
-    arr = as_float_array(value, name)
-    if arr.shape != (size,):
-        raise ShapeError(f"{name}: expected ({size},), got {shape_str(arr.shape)}")
-    return arr

@@ -1,7 +1,8 @@
 """Multi-head attention with explicit parameters, self- and cross-attention, and GQA.
 
 Weights are stored as (in, out) and applied as ``X @ W`` like the seeds do
-(``torch.nn.Linear`` stores (out, in): ``W = linear.weight.T``).
+(``torch.nn.Linear`` stores (out, in): ``W = linear.weight.T``); their head
+layout, the split into heads and the projection are :mod:`attnlab.nn.heads`'.
 
 Dimension legend: B batch, H query heads, Hkv key/value heads, T query length,
 S key length, D head dim, Dv value head dim, E model width (Ekv for the
@@ -10,7 +11,7 @@ context in cross-attention).
 Formula, for head h (with GQA, head h reads key/value head h // (H / Hkv))::
 
     Q_h = X Wq[:, h]       K_g = C Wk[:, g]      V_g = C Wv[:, g]
-    head_h = softmax(Q_h K_gᵀ / √D  [masked]) V_g
+    head_h = softmax(Q_h K_gᵀ · scale  [masked]) V_g     scale = 1/√D unless given
     out = concat(head_1, ..., head_H) Wo + bo
 
 Seed 000's ``multi_head_attention`` draws a fresh random Wq/Wk/Wv per head and
@@ -25,18 +26,20 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
+from ..checks import (
     as_array,
     as_bool_mask,
     as_float_array,
+    as_vector,
     check_broadcastable,
     check_flag,
     check_positive_int,
+    check_scale,
     shape_str,
 )
-from ..hooks import HookFn, HookSite, attached
+from ..errors import AttnlabError, ShapeError
+from ..gqa import repeat_kv
+from ..hooks import HookSite, attached
 from ..init import as_rng, init_weight
 from ..kernel import (
     abs_max,
@@ -50,22 +53,11 @@ from ..masked_softmax import stable_softmax
 from ..positional_relative import RotaryEmbedding, alibi_bias
 from ..shapes import check_key_padding_shape, check_module_inputs
 from ..trace import Recorder
+from .heads import check_head_layout, linear, merge_heads, split_heads
+from .recording import recording_hooks
 
+# linear, split_heads and merge_heads are defined in .heads and stay importable from here.
 __all__ = ["MultiHeadAttention", "linear", "split_heads", "merge_heads"]
-
-
-def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
-    """(..., T, H*D) -> (..., H, T, D)."""
-    *lead, T, width = x.shape
-    x = x.reshape(*lead, T, num_heads, width // num_heads)  # (..., T, H, D)
-    return np.swapaxes(x, -3, -2)  # (..., H, T, D)
-
-
-def merge_heads(x: np.ndarray) -> np.ndarray:
-    """(..., H, T, D) -> (..., T, H*D)."""
-    *lead, H, T, D = x.shape
-    x = np.swapaxes(x, -3, -2)  # (..., T, H, D)
-    return x.reshape(*lead, T, H * D)  # (..., T, H*D)
 
 
 @dataclass
@@ -81,6 +73,8 @@ class MultiHeadAttention:
                keys per head: keys at positions 0 .. S-1, queries at S-T .. S-1
                (bottom-right, as ``is_causal``), so T <= S is required
         alibi  add ``alibi_bias(H, T, S)`` to the scores (combine with ``is_causal``)
+        scale  the factor of the scores q·kᵀ before the softmax: None = 1/√D (the
+               paper's), a number = that factor (1.0: no scaling)
 
     Build random ones with :meth:`init`; build from arrays directly to check
     against another implementation.
@@ -111,6 +105,7 @@ class MultiHeadAttention:
     bo: np.ndarray | None = None
     rope: RotaryEmbedding | None = None
     alibi: bool = False
+    scale: float | None = None
     head_dim: int = field(init=False)
     value_head_dim: int = field(init=False)
     #: Set by :func:`attnlab.hooks.attached` while hooks are attached (see hook_points).
@@ -126,40 +121,11 @@ class MultiHeadAttention:
                 "hook_z", "hook_result"]
 
     def __post_init__(self) -> None:
-        H = check_positive_int(self.num_heads, "num_heads")
-        Hkv = H if self.num_kv_heads is None else check_positive_int(
-            self.num_kv_heads, "num_kv_heads"
-        )
-        if H % Hkv:
-            raise AttnlabError(
-                f"num_kv_heads: expected a divisor of num_heads = {H}, got {Hkv}"
-            )
-        self.num_heads, self.num_kv_heads = H, Hkv
-        self.Wq = _matrix(self.Wq, "Wq")
-        self.Wk = _matrix(self.Wk, "Wk")
-        self.Wv = _matrix(self.Wv, "Wv")
-        self.Wo = _matrix(self.Wo, "Wo")
-        if self.Wq.shape[1] % H:
-            raise ShapeError(
-                f"Wq: expected (E, H*D) with H = {H} dividing its width, "
-                f"got {shape_str(self.Wq.shape)}"
-            )
-        D = self.Wq.shape[1] // H
-        if self.Wk.shape[1] != Hkv * D:
-            raise ShapeError(
-                f"Wk: expected (Ekv, Hkv*D) = (Ekv, {Hkv * D}) for Hkv = {Hkv}, D = {D}, "
-                f"got {shape_str(self.Wk.shape)}"
-            )
-        if self.Wv.shape[1] % Hkv:
-            raise ShapeError(
-                f"Wv: expected (Ekv, Hkv*Dv) with Hkv = {Hkv} dividing its width, "
-                f"got {shape_str(self.Wv.shape)}"
-            )
-        Dv = self.Wv.shape[1] // Hkv
-        if self.Wo.shape[0] != H * Dv:
-            raise ShapeError(
-                f"Wo: expected (H*Dv, E_out) = ({H * Dv}, E_out), got {shape_str(self.Wo.shape)}"
-            )
+        layout = check_head_layout(self.Wq, self.Wk, self.Wv, self.Wo, self.num_heads,
+                                   self.num_kv_heads)
+        self.Wq, self.Wk, self.Wv, self.Wo = layout.Wq, layout.Wk, layout.Wv, layout.Wo
+        self.num_heads, self.num_kv_heads = layout.H, layout.Hkv
+        D, Dv = layout.D, layout.Dv
         self.head_dim, self.value_head_dim = D, Dv
         if self.rope is not None:
             if not isinstance(self.rope, RotaryEmbedding):
@@ -172,10 +138,11 @@ class MultiHeadAttention:
                     f"rope: expected head_dim {D} to match Wq's heads, got {self.rope.head_dim}"
                 )
         self.alibi = check_flag(self.alibi, "alibi")
-        self.bq = _vector(self.bq, "bq", self.Wq.shape[1])
-        self.bk = _vector(self.bk, "bk", self.Wk.shape[1])
-        self.bv = _vector(self.bv, "bv", self.Wv.shape[1])
-        self.bo = _vector(self.bo, "bo", self.Wo.shape[1])
+        self.scale = None if self.scale is None else check_scale(self.scale, D)
+        self.bq, self.bk, self.bv, self.bo = (
+            None if b is None else as_vector(b, name, w.shape[1])
+            for b, name, w in ((self.bq, "bq", self.Wq), (self.bk, "bk", self.Wk),
+                               (self.bv, "bv", self.Wv), (self.bo, "bo", self.Wo)))
 
     @classmethod
     def init(
@@ -195,6 +162,7 @@ class MultiHeadAttention:
         rope: bool = False,
         rope_base: float = 10000.0,
         alibi: bool = False,
+        scale: float | None = None,
     ) -> MultiHeadAttention:
         """Random parameters: Xavier/Glorot by default, zero biases.
 
@@ -205,7 +173,8 @@ class MultiHeadAttention:
         ``scheme`` is "xavier", "xavier_normal" or "normal" (the seeds' randn);
         ``v_gain`` < 1 scales Wv down (seed 001's "smaller scale for V").
         ``rope=True`` rotates queries and keys (RoPE, base ``rope_base``);
-        ``alibi=True`` adds ALiBi's per-head linear bias. ``use_bias=False``
+        ``alibi=True`` adds ALiBi's per-head linear bias; ``scale`` multiplies the
+        scores (None: 1/√head_dim). ``use_bias=False``
         leaves out bq, bk, bv and bo (``bias`` is always the additive score bias
         of a call, never a flag).
         """
@@ -246,7 +215,12 @@ class MultiHeadAttention:
             bq=zeros(H * D), bk=zeros(Hkv * D), bv=zeros(Hkv * D), bo=zeros(E),
             rope=RotaryEmbedding(D, base=rope_base) if rope else None,
             alibi=alibi,
+            scale=scale,
         )
+
+    def score_scale(self) -> float:
+        """The factor of the scores q·kᵀ: ``scale``, or 1/√D when it is None."""
+        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
 
     def parameters(self) -> dict[str, np.ndarray]:
         """Name -> array of every parameter that is set (biases may be None)."""
@@ -274,8 +248,7 @@ class MultiHeadAttention:
 
         (..., Hkv, S, D) -> (..., H, S, D); query head h reads kv head h // (H / Hkv).
         """
-        group = self.num_heads // (self.num_kv_heads or self.num_heads)
-        return kv if group == 1 else np.repeat(kv, group, axis=-3)  # (..., H, S, D)
+        return repeat_kv(kv, self.num_heads // (self.num_kv_heads or self.num_heads))
 
     def prepare_inputs(
         self, x: Any, context: Any = None, mask: Any = None, key_padding: Any = None
@@ -411,7 +384,7 @@ class MultiHeadAttention:
         """
         if recorder is not None:  # recording is reading the hook points
             recorder.add("X", x, "X (this layer's input)")
-            with attached(self, self._recording_hooks(recorder)):
+            with attached(self, recording_hooks(self, recorder)):
                 out, weights = self.forward(x, context, allowed, bias, value=value,
                                             softcap=softcap)
             recorder.add("projected", out, "out = concat(heads)·Wo + bo")
@@ -430,7 +403,7 @@ class MultiHeadAttention:
             slopes = alibi_bias(self.num_heads, T, S).astype(q.dtype)  # (H, T, S)
             bias = slopes if bias is None else slopes + bias  # (B, H, T, S)
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, H, S, D), (B, H, S, Dv)
-        scale = 1.0 / math.sqrt(self.head_dim)
+        scale = self.score_scale()
         if bias is not None:
             bias = bias.astype(q.dtype, copy=False)
         check_score_range(
@@ -459,70 +432,3 @@ class MultiHeadAttention:
         else:
             out = linear(merge_heads(heads), self.Wo, self.bo)  # (B, T, E_out)
         return out, weights
-
-    def _recording_hooks(self, recorder: Recorder) -> list[tuple[str, HookFn]]:
-        """Hooks that hand the intermediates to ``recorder``, in its order (Q and K after
-        RoPE, K and V repeated for GQA, as the heads read them)."""
-        seen: dict[str, np.ndarray] = {}
-        rotated = self.rope is not None
-
-        def keep(value: np.ndarray, name: str) -> None:
-            seen[name] = value
-
-        def emit(weights: np.ndarray, name: str) -> None:
-            q = seen["hook_rot_q" if rotated else "hook_q"]
-            k = self.expand_kv(seen["hook_rot_k" if rotated else "hook_k"])  # (B, H, S, D)
-            recorder.add_heads("Q", q, "Q = X·Wq + bq")
-            recorder.add_heads("K", k, "K = X·Wk + bk")
-            recorder.add_heads("V", self.expand_kv(seen["hook_v"]), "V = X·Wv + bv")
-            if recorder.wants("scores") or recorder.wants("scaled"):
-                scores = q @ np.swapaxes(k, -1, -2)  # (B, H, T, S)
-                recorder.add_heads("scores", scores, "scores = Q·Kᵀ")
-                recorder.add_heads("scaled", scores / np.sqrt(self.head_dim),
-                                   f"scaled = scores / √{self.head_dim}")
-            recorder.add_heads("weights", weights, "weights = softmax(scaled + mask, axis=-1)")
-
-        def output(heads: np.ndarray, name: str) -> None:
-            recorder.add_heads("output", heads, "output = weights·V")
-
-        kept = ["hook_q", "hook_k", "hook_v"] + (["hook_rot_q", "hook_rot_k"] if rotated else [])
-        return [*((n, keep) for n in kept), ("hook_pattern", emit), ("hook_z", output)]
-
-
-def linear(
-    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, *, out: np.ndarray | None = None
-) -> np.ndarray:
-    """x @ w + b over the last dim: (..., in) -> (..., out).
-
-    The leading dims are flattened first: NumPy's matmul of a stack (B, T, in)
-    by a matrix runs B small products, one (T, in) @ (in, out) product is
-    ~1.5x faster. ``out`` (C-contiguous, shape (..., out)) receives the result
-    instead of a new array, so that a loop over layers can reuse its buffers.
-    """
-    rows = x.reshape(-1, x.shape[-1])  # (N, in)
-    if out is None:
-        y = (rows @ w).reshape(*x.shape[:-1], w.shape[1])  # (..., out)
-    else:
-        if not out.flags.c_contiguous:  # reshape would copy, and the result be lost
-            raise AttnlabError("out: expected a C-contiguous array")
-        y = out
-        np.matmul(rows, w, out=out.reshape(rows.shape[0], w.shape[1]))  # (N, out)
-    if b is not None:
-        y += b
-    return y
-
-
-def _matrix(w: Any, name: str) -> np.ndarray:
-    arr = as_float_array(w, name)
-    if arr.ndim != 2:
-        raise ShapeError(f"{name}: expected a 2-D (in, out) matrix, got {shape_str(arr.shape)}")
-    return arr
-
-
-def _vector(b: Any, name: str, size: int) -> np.ndarray | None:
-    if b is None:
-        return None
-    arr = as_float_array(b, name)
-    if arr.shape != (size,):
-        raise ShapeError(f"{name}: expected ({size},), got {shape_str(arr.shape)}")
-    return arr

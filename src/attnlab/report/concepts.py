@@ -5,7 +5,8 @@ cache, positional encodings, sparse and low-rank attention.
     draw("flash", lang="zh")          # -> a matplotlib Figure
     draw_all("out/", lang="zh")       # dataflow.png, flash.png, kvcache.png, ...
 
-The numbers come from :mod:`attnlab.lens.concepts` (which runs the fast paths);
+The numbers come from :mod:`attnlab.lens.concepts` (which runs the fast paths)
+and, for flash, from its plain twin :func:`attnlab.fast.flash_walk.flash_walk`;
 this module only draws them. matplotlib is imported inside the functions.
 """
 
@@ -18,14 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import AttnlabError, make_folder
-from ..lens.concepts import (
-    example_qkv,
-    flash_walk,
-    kv_cache_walk,
-    position_patterns,
-    sparse_patterns,
-)
+from ..checks import make_folder
+from ..errors import AttnlabError
+from ..fast.flash_walk import flash_walk
+from ..lens.concepts import example_qkv, kv_cache_walk, position_patterns, sparse_patterns
 from .dataflow import draw_dataflow
 from .figures import new_figure, save_figure
 from .fonts import font_context, warn_if_cjk_unrenderable

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import AttnlabError, check_positive_int
+from ..checks import check_positive_int
+from ..errors import AttnlabError
 from ..messages import msg
 from .figures import new_figure
 from .fonts import font_context, warn_if_cjk_unrenderable

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import AttnlabError, make_folder
+from ..checks import make_folder
+from ..errors import AttnlabError
 from .fonts import font_context, require_matplotlib
 
 if TYPE_CHECKING:

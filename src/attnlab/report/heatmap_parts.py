@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import AttnlabError, check_text, describe, shape_str
+from ..checks import check_text, describe, shape_str
+from ..errors import AttnlabError
 from .fonts import CJK_RE
 
 if TYPE_CHECKING:

@@ -41,13 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_float_array,
-    check_positive_int,
-    shape_str,
-)
+from ..checks import as_float_array, check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError
 from .figures import check_cmap, colour_limits, new_figure, save_figure
 from .fonts import (
     CJK_FONT_ENV,

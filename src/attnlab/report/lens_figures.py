@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ShapeError, as_float_array, shape_str
+from ..checks import as_float_array, shape_str
+from ..errors import ShapeError
 from .fonts import font_context
 from .heatmaps import plot_attention
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import check_text, make_folder
+from ..checks import check_text, make_folder
 from ..lens.diagnostics import Diagnostics
 from ..trace import Trace
 from .figures import save_figure

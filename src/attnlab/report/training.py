@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import AttnlabError, ShapeError, check_text, shape_str
+from ..checks import check_text, shape_str
+from ..errors import AttnlabError, ShapeError
 from .figures import new_figure
 from .fonts import font_context, warn_if_cjk_unrenderable
-from .page import csp_hash, script_json
+from .page import page_csp, script_json
 from .text import check_lang
 from .words import Lang
 
@@ -209,16 +210,11 @@ def training_html(
         "words": words,
     }
     css, js = _asset("training.css").strip(), _asset("training.js").strip()
-    csp = (
-        "default-src 'none'; "
-        f"script-src '{csp_hash(js)}'; style-src '{csp_hash(css)}'; img-src data:; "
-        "base-uri 'none'; form-action 'none'"
-    )
     text = {key: html.escape(str(words[key])) for key in (
         "play", "hint", "heatmap", "scores")}
     return _asset("training.html").format(
         lang_attr="zh-CN" if lang == "zh" else "en",
-        csp=csp,
+        csp=page_csp(css, js),
         title=html.escape(str(title) if title is not None else words["title"]),
         css=css,
         js=js,

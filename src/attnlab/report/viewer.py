@@ -69,14 +69,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    as_float_array,
-    check_text,
-    make_folder,
-    shape_str,
-)
+from ..checks import as_float_array, check_text, make_folder, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..lens.diagnostics import Diagnostics, diagnose
 from ..lens.weight_checks import check_weights
 from .page import csp_hash, script_json
@@ -133,7 +127,9 @@ def render_html(
             from 1 ("Layer 5" is ``layers=[4]``). Default: 0..L-1 and 0..H-1.
         rollout: (T, S) attention rollout (:func:`attnlab.lens.attention_rollout`), drawn
             beside the weights; rows in [0, 1].
-        importance: (L, H) head importance (any non-negative score), shown as a table.
+        importance: (L, H) head importance (any non-negative score), shown as a table,
+            e.g. each head's ablation effect (:func:`attnlab.lens.hf_lens.ablation_effects`,
+            ``run_hf(..., ablation=True)``: how much the output changes when it is zeroed).
         **decoder: decoders, pairs, the neuron and norms views and the opening head:
             ``allowed`` (T, S) bool (True = may attend; the rest is hatched),
             ``prompt_length``, ``heads_per_kv``, ``segments``, ``queries`` /

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnlabError, ShapeError, as_bool_mask, as_float_array, shape_str
+from ..checks import as_bool_mask, as_float_array, shape_str
+from ..errors import AttnlabError, ShapeError
 
 __all__ = ["NEURON_LIMIT", "pack_floats", "unpack_floats", "viewer_extras"]
 

@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from ..attention import scaled_dot_product_attention
-from ..errors import AttnlabError, check_positive_int
+from ..checks import check_positive_int
+from ..errors import AttnlabError
 from ..fast.block_sparse import block_sparse_attention
 from ..fast.performer import orthogonal_random_features, performer_attention
 from ..fast.sparse import sliding_window_attention

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import make_folder
+from ..checks import make_folder
 from ..fast.block_sparse import block_sparse_mask
 from ..fast.sparse import sliding_window_mask
 from ..messages import Listing, Message, msg, render

@@ -62,6 +62,7 @@ import numpy as np
 
 from ..errors import AttnlabError
 from ..fast.kv_cache import KVCache
+from ..messages import Message, msg
 from ..nn.decoder import TinyDecoder
 from .bench_config import BenchConfig
 from .bench_results import AttentionRecord, BenchResult, DecodeRecord, GenerateRecord
@@ -80,7 +81,7 @@ __all__ = ["attention_flops", "run_benchmarks"]
 _NAIVE = {"numpy_naive", "torch_naive"}
 _TORCH = {"torch_naive", "torch_sdpa", "attnlab_torch"}
 
-Progress = Callable[[int, int, str], None]
+Progress = Callable[[int, int, Message], None]
 
 
 def attention_flops(B: int, H: int, T: int, S: int, D: int, causal: bool = False) -> int:
@@ -150,7 +151,7 @@ def _as_numpy(out: Any) -> np.ndarray:
     return out.numpy() if hasattr(out, "numpy") else np.asarray(out)
 
 
-def _run_attention(config: BenchConfig, tick: Callable[[str], None]) -> list[AttentionRecord]:
+def _run_attention(config: BenchConfig, tick: Callable[[Message], None]) -> list[AttentionRecord]:
     records: list[AttentionRecord] = []
     rng = np.random.default_rng(config.seed)
     B, H, D = config.batch, config.heads, config.head_dim
@@ -183,10 +184,10 @@ def _run_attention(config: BenchConfig, tick: Callable[[str], None]) -> list[Att
                 reference = out.astype(np.float64)
             by_name[name].max_abs_diff = float(np.max(np.abs(out - reference))) if out.size else 0.0
             runnable[name] = fn
-        tick(f"attention T={T}: warm-up")
+        tick(msg("bench.progress.warm_up", T=T))
 
         def after_round(run: int, T: int = T) -> None:
-            tick(f"attention T={T}: run {run + 1}/{config.repeats}")
+            tick(msg("bench.progress.attention_run", T=T, run=run + 1, runs=config.repeats))
 
         timings = interleaved(runnable, config.repeats, min_time=config.min_time,
                               after_round=after_round)
@@ -200,7 +201,7 @@ def _run_attention(config: BenchConfig, tick: Callable[[str], None]) -> list[Att
                 else:
                     record.peak_bytes = peak_traced_bytes(runnable[name])
                     record.memory_method = "tracemalloc"
-        tick(f"attention T={T}: memory")
+        tick(msg("bench.progress.memory", T=T))
         records.extend(by_name[n] for n in config.contenders)
     return records
 
@@ -208,7 +209,7 @@ def _run_attention(config: BenchConfig, tick: Callable[[str], None]) -> list[Att
 # ----------------------------------------------------------------------------- decoding
 
 
-def _run_decode(config: BenchConfig, tick: Callable[[str], None]) -> list[DecodeRecord]:
+def _run_decode(config: BenchConfig, tick: Callable[[Message], None]) -> list[DecodeRecord]:
     model = TinyDecoder(config.model, seed=config.seed)
     rng = np.random.default_rng(config.seed + 1)
     longest = max(config.contexts) + config.repeats + 2
@@ -217,7 +218,7 @@ def _run_decode(config: BenchConfig, tick: Callable[[str], None]) -> list[Decode
 
 
 def _decode_at(context: int, model: TinyDecoder, ids: np.ndarray, rng: np.random.Generator,
-               config: BenchConfig, tick: Callable[[str], None]) -> DecodeRecord:
+               config: BenchConfig, tick: Callable[[Message], None]) -> DecodeRecord:
     """One context length: a cached step, a recomputed step, KVCache.attend alone."""
     B, H, D = config.batch, config.heads, config.head_dim
     caches = model.new_caches(1)
@@ -244,7 +245,7 @@ def _decode_at(context: int, model: TinyDecoder, ids: np.ndarray, rng: np.random
         nonlocal end, worst
         worst = max(worst, float(np.max(np.abs(logits["cached"] - logits["uncached"]))))
         end += 1
-        tick(f"decode S={context}: run {run + 1}/{config.repeats}")
+        tick(msg("bench.progress.decode_run", S=context, run=run + 1, runs=config.repeats))
 
     # min_time 0: a cached step appends one token, so it runs exactly once per sample.
     timings = interleaved({"cached": step_cached, "uncached": step_full, "attend": step_attend},
@@ -252,7 +253,7 @@ def _decode_at(context: int, model: TinyDecoder, ids: np.ndarray, rng: np.random
     return DecodeRecord(context, timings["cached"], timings["uncached"], timings["attend"], worst)
 
 
-def _run_generate(config: BenchConfig, tick: Callable[[str], None]) -> GenerateRecord:
+def _run_generate(config: BenchConfig, tick: Callable[[Message], None]) -> GenerateRecord:
     model = TinyDecoder(config.model, seed=config.seed)
     rng = np.random.default_rng(config.seed + 2)
     prompt = rng.integers(0, config.model.vocab_size, size=(1, config.prompt_len))
@@ -262,7 +263,8 @@ def _run_generate(config: BenchConfig, tick: Callable[[str], None]) -> GenerateR
     def generate(use_cache: bool) -> Callable[[], None]:
         def call() -> None:
             outputs[use_cache] = model.generate(prompt, N, use_cache=use_cache)
-            tick(f"generate {'cached' if use_cache else 'uncached'}")
+            tick(msg("bench.progress.generate",
+                     how=msg("bench.col.cached" if use_cache else "bench.col.uncached")))
         return call
 
     timings = interleaved({"cached": generate(True), "uncached": generate(False)},
@@ -277,7 +279,9 @@ def run_benchmarks(config: BenchConfig | None = None, *, progress: Progress | No
                    ) -> BenchResult:
     """Run the sections of ``config`` (default: the full suite) and return the results.
 
-    ``progress(done, total, label)`` is called after each unit of work.
+    ``progress(done, total, label)`` is called after each unit of work; ``label`` is a
+    keyed :class:`~attnlab.messages.Message` (``str()`` is the English,
+    ``.render("zh")`` the Chinese).
     """
     config = BenchConfig() if config is None else config
     if not isinstance(config, BenchConfig):
@@ -291,7 +295,7 @@ def run_benchmarks(config: BenchConfig | None = None, *, progress: Progress | No
         total += 2 * config.generate_repeats
     done = 0
 
-    def tick(label: str) -> None:
+    def tick(label: Message) -> None:
         nonlocal done
         done += 1
         if progress is not None:

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import AttnlabError, check_positive_int
+from ..checks import check_positive_int
+from ..errors import AttnlabError
 from ..nn.decoder import DecoderConfig
 
 __all__ = ["CONTENDERS", "SECTIONS", "BenchConfig"]

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import make_folder
+from ..checks import make_folder
 from ..messages import Message, msg, render
 from ..report.figures import new_figure, save_figure
 from ..report.fonts import font_context

@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import check_positive_int, missing_extra
+from ..checks import check_positive_int
+from ..errors import missing_extra
 
 __all__ = [
     "Timing",

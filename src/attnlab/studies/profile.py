@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import AttnlabError, check_positive_int
+from ..checks import check_positive_int
+from ..errors import AttnlabError
 from ..messages import Message, msg, render, render_value
 from ..models import BertConfig, BertModel
 from ..nn.layers import EncoderBlock

@@ -121,13 +121,14 @@ def measure_ring(s: RingSettings, *, timeout: float = 600.0) -> dict[str, Any]:
         import torch
 
         from ..torch import scaled_dot_product_attention
+        from ..torch.gqa import repeat_kv
 
         out = unshard([r["out"] for r in ranks], layout=s.layout)  # type: ignore[arg-type]
         q, k, v = (torch.from_numpy(x) for x in _full_inputs(s))
         group = s.heads // s.kv_heads
         with torch.no_grad():
             expected = scaled_dot_product_attention(
-                q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                q, repeat_kv(k, group), repeat_kv(v, group),
                 is_causal=s.is_causal).numpy()
         result["error"] = float(np.abs(out - expected).max())
     return result
@@ -138,11 +139,12 @@ def simulate_ring(s: RingSettings) -> tuple[Any, float]:
     single-process flash attention."""
     from ..distributed import simulate
     from ..fast.flash import flash_attention
+    from ..gqa import repeat_kv
 
     q, k, v = _full_inputs(s)
     sim = simulate(q, k, v, world_size=s.world_size, layout=s.layout,  # type: ignore[arg-type]
                    is_causal=s.is_causal)
     group = s.heads // s.kv_heads
-    expected = flash_attention(q, np.repeat(k, group, axis=1), np.repeat(v, group, axis=1),
+    expected = flash_attention(q, repeat_kv(k, group), repeat_kv(v, group),
                                is_causal=s.is_causal)
     return sim, float(np.abs(sim.out - expected).max())

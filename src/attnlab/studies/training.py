@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnlabError, check_positive_int
+from ..checks import check_positive_int
+from ..errors import AttnlabError
 
 __all__ = ["STUDIES", "SCALING_TARGET", "NORM_LR", "run_study", "study_table", "plan"]
 
@@ -53,28 +54,28 @@ def plan(study: str) -> list[dict[str, Any]]:
         return [{"num_layers": n, "norm": norm, "warmup": warmup} for n in (2, 6, 12)
                 for norm in ("pre", "post") for warmup in (0, 100)]
     if study == "positions":
-        return [{"positions": p} for p in ("none", "learned", "sinusoidal", "rope")]
+        return [{"pos": p} for p in ("none", "learned", "sinusoidal", "rope")]
     raise AttnlabError(f"study: expected one of {', '.join(STUDIES)}, got {study!r}")
 
 
 def _one(study: str, setting: dict[str, Any], seed: int) -> dict[str, Any]:
-    from ..train import ModelConfig, TrainConfig, train
+    from ..train import DecoderConfig, TrainConfig, train
     from ..train.tasks import make_task
 
     if study == "scaling":
         task = make_task("sort", seed=seed, heldout=1000)
-        model = ModelConfig(task.vocab_size, task.seq_len, d_model=64, num_heads=2,
+        model = DecoderConfig(task.vocab_size, task.seq_len, d_model=64, num_heads=2,
                             head_dim=setting["head_dim"], scale=setting["scale"])
         config = TrainConfig(steps=_SCALING_STEPS, lr=1e-3, warmup=50, seed=seed, snapshots=2)
     elif study == "norm":
         task = make_task("sort", seed=seed, heldout=1000)
-        model = ModelConfig(task.vocab_size, task.seq_len, d_model=32, num_heads=2,
+        model = DecoderConfig(task.vocab_size, task.seq_len, d_model=32, num_heads=2,
                             num_layers=setting["num_layers"], norm=setting["norm"])
         config = TrainConfig(steps=_NORM_STEPS, lr=NORM_LR, warmup=setting["warmup"],
                              seed=seed, snapshots=2, grad_clip=None)
     else:
         task = make_task("reverse", seed=seed, heldout=1000)
-        model = ModelConfig(task.vocab_size, task.seq_len, positions=setting["positions"])
+        model = DecoderConfig(task.vocab_size, task.seq_len, pos=setting["pos"])
         config = TrainConfig(steps=_POSITION_STEPS, lr=3e-3, warmup=100, seed=seed,
                              snapshots=2)
     result = train(task, model, config)
@@ -164,8 +165,8 @@ def study_table(results: dict[str, Any], lang: str = "en") -> str:
         head = ("| 位置信息 | 留出集完全正确率（各种子） |" if zh else
                 "| positions | held-out exact match (per seed) |")
         rows = [head, "|---|---|"]
-        for (positions,), group in _group(runs, ("positions",)).items():
-            rows.append(f"| {positions} | "
+        for (pos,), group in _group(runs, ("pos",)).items():
+            rows.append(f"| {pos} | "
                         + ", ".join(f"{r['heldout_accuracy']:.3f}" for r in group) + " |")
         note = f"（reverse，{_POSITION_STEPS} 步）" if zh else f"(reverse, {_POSITION_STEPS} steps)"
     rows.append("")

@@ -28,7 +28,8 @@ from typing import Any, Literal, overload
 import torch
 
 from ..attention import check_axis
-from ..errors import AttnlabError, ShapeError, check_broadcastable, check_flag
+from ..checks import check_broadcastable, check_flag
+from ..errors import AttnlabError, ShapeError
 from ..shapes import check_attention_shapes
 from . import debug
 from .checks import (

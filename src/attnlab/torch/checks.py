@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import errors
-from ..errors import AttnlabError, check_alloc
+from .. import checks as core_checks
+from ..checks import check_alloc, shape_str
+from ..errors import AttnlabError, ShapeError
 
 __all__ = [
     "as_float_tensor",
@@ -74,13 +75,13 @@ def as_bool_tensor(mask: Any, name: str = "mask") -> torch.Tensor:
 
 
 def check_tensor_alloc(shape: Any, dtype: torch.dtype, what: str, name: str) -> None:
-    """:func:`attnlab.errors.check_alloc` (the same one-line refusal) in a form torch.compile
+    """:func:`attnlab.checks.check_alloc` (the same one-line refusal) in a form torch.compile
     traces without a graph break: a plain loop over the sizes, the message only past the
     limit."""
     count = 1
     for size in shape:
         count *= int(size)
-    if count > errors.MAX_ELEMENTS:  # read at call time: tests lower it
+    if count > core_checks.MAX_ELEMENTS:  # read at call time: tests lower it
         check_alloc(tuple(int(size) for size in shape), dtype, what, name)
 
 
@@ -101,9 +102,9 @@ def check_sinks_tensor(sinks: Any, batch: Any, q: torch.Tensor) -> torch.Tensor 
     sink_t = as_float_tensor(sinks, "sinks")
     batch = tuple(batch)
     if sink_t.ndim != 1 or not batch or batch[-1] != sink_t.shape[0]:
-        raise errors.ShapeError(
+        raise ShapeError(
             f"sinks: expected one logit per head of q (..., H, T, D), (H,) = "
-            f"{errors.shape_str(batch[-1:] or (1,))}, got {errors.shape_str(tuple(sink_t.shape))}")
+            f"{shape_str(batch[-1:] or (1,))}, got {shape_str(tuple(sink_t.shape))}")
     check_same_device(q, "q", sink_t, "sinks")
     return sink_t
 

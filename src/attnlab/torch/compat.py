@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import AttnlabError, ShapeError, check_flag, describe, shape_str
+from ..checks import check_flag, describe, shape_str
+from ..errors import AttnlabError, ShapeError
 from . import debug
 from .checks import check_probability, check_same_device
 from .kernel import attend, check_inputs

@@ -95,14 +95,17 @@ def to_torch_multihead(mha: MultiHeadAttention) -> nn.MultiheadAttention:
         problems.append(f"d_out = {mha.d_out}")
     if mha.rope or mha.alibi:
         problems.append("rope/alibi")
+    if mha.scale is not None:
+        problems.append(f"scale = {mha.scale:g} (nn.MultiheadAttention scales by 1/√D)")
     linears = (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj)
     has_bias = [lin.bias is not None for lin in linears]
     if any(has_bias) and not all(has_bias):
         problems.append("biases on some projections only")
     if problems:
         raise AttnlabError(
-            "mha: expected Hkv = H, Dv = D, H*D = E = d_out, all biases or none and no "
-            f"RoPE/ALiBi (what nn.MultiheadAttention can express), got {'; '.join(problems)}"
+            "mha: expected Hkv = H, Dv = D, H*D = E = d_out, all biases or none, no "
+            "RoPE/ALiBi and the default scale (what nn.MultiheadAttention can express), "
+            f"got {'; '.join(problems)}"
         )
     weight = mha.q_proj.weight
     target = nn.MultiheadAttention(

@@ -20,13 +20,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..errors import (
-    ShapeError,
-    check_broadcastable,
-    check_flag,
-    check_scale,
-    shape_str,
-)
+from ..checks import check_broadcastable, check_flag, check_scale, shape_str
+from ..errors import ShapeError
 from ..kernel import check_alibi_range, check_softcap
 from ..shapes import (
     AttentionShapes,

@@ -4,9 +4,9 @@ Dimension legend: B batch, H query heads, Hkv key/value heads (H a multiple of
 Hkv), T new tokens, S keys attended to, D head dim, Dv value head dim, W window.
 
 Same semantics as the NumPy twins, tested against them, and the same
-bookkeeping, written once (:mod:`attnlab.fast.cache_book`: lengths, slots, left
-padding, the checks and their messages); this module holds the torch array
-operations:
+bookkeeping, written once (:mod:`attnlab.fast.cache_book`: lengths, doubling,
+left padding, the checks and their messages; :mod:`attnlab.fast.ring_book`: the
+ring of W slots); this module holds the torch array operations:
 
 - :class:`KVCache`: appends keys (B, Hkv, T, D) and values (B, Hkv, T, Dv);
   ``attend(q, k, v)`` appends, then attends from the T new queries (positions
@@ -42,14 +42,17 @@ from typing import Any, cast
 
 import torch
 
-from ..errors import AttnlabError, check_alloc
-from ..fast.cache_book import CacheBook, GrowingBook, RingBook
+from ..checks import check_alloc
+from ..errors import AttnlabError
+from ..fast.cache_book import CacheBook, GrowingBook, TwinArrays
+from ..fast.ring_book import RingBook
 from . import debug
 from .checks import as_bool_tensor, as_float_tensor, check_sinks_tensor
+from .gqa import repeat_kv
 from .kernel import attend, causal_allowed
 from .masks import window_mask
 
-__all__ = ["KVCache", "SlidingWindowKVCache"]
+__all__ = ["KVCache", "SlidingWindowKVCache", "TorchTwinArrays"]
 
 
 def _grouped_attention(
@@ -67,8 +70,8 @@ def _grouped_attention(
     if keys.dtype != q.dtype:  # float16 / bfloat16 storage, computed in float32
         keys, values = keys.to(q.dtype), values.to(q.dtype)
     if sinks is not None:
-        keys = keys.repeat_interleave(G, dim=1)  # (B, H, S, D): head h reads h // G
-        values = values.repeat_interleave(G, dim=1)  # (B, H, S, Dv)
+        keys = repeat_kv(keys, G)  # (B, H, S, D): head h reads h // G
+        values = repeat_kv(values, G)  # (B, H, S, Dv)
         return cast(torch.Tensor, attend(q, keys, values, allowed, None, scale, softcap=softcap,
                                           sinks=sinks.to(q.dtype)))  # (B, H, T, Dv)
     rows = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D); head h = g*G + j
@@ -80,9 +83,10 @@ def _grouped_attention(
     return out.reshape(B, H, T, values.shape[-1])  # (B, H, T, Dv)
 
 
-class _TorchArrays(CacheBook[torch.Tensor]):
-    """The torch array operations of the caches; the bookkeeping is
-    :mod:`attnlab.fast.cache_book`."""
+class TorchTwinArrays(TwinArrays[torch.Tensor]):
+    """What every torch cache (these and :class:`attnlab.torch.PagedKVCache`) does alike
+    with its tensors: the dtypes and device, the conversion of inputs and their checks,
+    the size."""
 
     def _set_dtype(self, dtype: Any, device: Any) -> None:
         if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
@@ -97,9 +101,6 @@ class _TorchArrays(CacheBook[torch.Tensor]):
     def _as_float(self, x: Any, name: str) -> torch.Tensor:
         return as_float_tensor(x, name)
 
-    def _as_bool(self, x: Any, name: str) -> torch.Tensor:
-        return as_bool_tensor(x, name)
-
     def _check_placed(self, x: torch.Tensor, name: str) -> None:
         if x.device != self.device:
             raise AttnlabError(
@@ -109,6 +110,20 @@ class _TorchArrays(CacheBook[torch.Tensor]):
     def _check_finite(self, named: list[tuple[str, torch.Tensor]]) -> None:
         if debug.debug_checks_enabled():
             debug.check_finite(named)
+
+    def _nbytes(self, x: torch.Tensor) -> int:
+        return x.numel() * x.element_size()
+
+    def _repr_tail(self) -> str:
+        return f", device={self.device}"
+
+
+class _TorchArrays(CacheBook[torch.Tensor], TorchTwinArrays):
+    """The torch array operations of the caches; the bookkeeping is
+    :mod:`attnlab.fast.cache_book`'s and :mod:`attnlab.fast.ring_book`'s."""
+
+    def _as_bool(self, x: Any, name: str) -> torch.Tensor:
+        return as_bool_tensor(x, name)
 
     def _to_storage(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """``x`` detached, in the cache's dtype; under debug_checks, refused if a narrowing
@@ -162,9 +177,6 @@ class _TorchArrays(CacheBook[torch.Tensor]):
     def _row_sums(self, real: torch.Tensor) -> torch.Tensor:
         return real.sum(dim=1)
 
-    def _nbytes(self, x: torch.Tensor) -> int:
-        return x.numel() * x.element_size()
-
     def _causal(self, T: int, S: int) -> torch.Tensor:
         return causal_allowed(T, S, self.device)
 
@@ -175,9 +187,6 @@ class _TorchArrays(CacheBook[torch.Tensor]):
                  allowed: torch.Tensor | None, scale: float, softcap: float | None,
                  sinks: Any) -> torch.Tensor:
         return _grouped_attention(q, keys, values, allowed, scale, softcap, sinks)
-
-    def _repr_tail(self) -> str:
-        return f", device={self.device}"
 
 
 class KVCache(GrowingBook[torch.Tensor], _TorchArrays):

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import AttnlabError, ShapeError, check_positive_int, shape_str
+from ..checks import check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..hooks import HookSite
 from ..nn import layers as np_layers
 from . import debug

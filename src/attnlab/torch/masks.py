@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
-from ..errors import AttnlabError, check_alloc, check_flag, check_positive_int, shape_str
+from ..checks import check_alloc, check_flag, check_positive_int, shape_str
+from ..errors import AttnlabError
+from ..masks import window_band
 from ..shapes import (
     Band,
-    attention_band,
     check_causal_alignment,
     check_positions,
     check_window,
@@ -76,14 +77,8 @@ def window_mask(
             [0, 1, 1, 0],
             [0, 0, 1, 1]], dtype=torch.int32)
     """
-    T = check_positive_int(T, "T", allow_zero=True)
-    sizes = "T" if S is None else "T, S"
-    S = T if S is None else check_positive_int(S, "S", allow_zero=True)
-    is_causal = check_flag(is_causal, "is_causal")
-    pair = check_window_pair(window, is_causal)
-    alignment = check_causal_alignment(causal_alignment)
-    check_alloc((T, S), torch.bool, "the window mask (T, S)", sizes)
-    band = attention_band(T, S, is_causal=is_causal, window=pair, causal_alignment=alignment)
+    T, S, band = window_band(T, S, window=window, is_causal=is_causal,
+                             causal_alignment=causal_alignment, dtype=torch.bool)
     if band is None:
         return torch.ones((T, S), dtype=torch.bool, device=device)
     return band_allowed(band, T, S, device)  # (T, S)

@@ -27,12 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import (
-    AttnlabError,
-    check_alloc,
-    check_flag,
-    check_positive_int,
-)
+from ..checks import check_alloc, check_flag, check_positive_int, check_scale
+from ..errors import AttnlabError
 from ..hooks import HookSite
 from ..kernel import check_softcap
 from ..nn import multihead as np_multihead
@@ -78,6 +74,8 @@ class MultiHeadAttention(nn.Module):
             ``rope_interleaved``; keys sit at positions 0 .. S-1 and queries at
             S - T .. S - 1 (bottom-right, so a cached decoding step is right).
         alibi: add ``alibi_bias(H, T, S)`` to the scores (combine with ``is_causal``).
+        scale: the factor of the scores q·kᵀ before the softmax: None = 1/√D, a number =
+            that factor (1.0: no scaling).
         batch_first: inputs and output are (B, T, E) (default, attnlab's layout); False
             reads and returns (T, B, E), torch.nn.MultiheadAttention's default layout.
         add_bias_kv: learn one more key and value (``bias_k`` (Hkv*D,), ``bias_v``
@@ -94,7 +92,8 @@ class MultiHeadAttention(nn.Module):
 
     Formula, for head h (g the key/value head it reads)::
 
-        head_h = softmax((query Wq_h)(key Wk_g)ᵀ / √D  [masked]) (value Wv_g)
+        head_h = softmax((query Wq_h)(key Wk_g)ᵀ · scale  [masked]) (value Wv_g)   scale = 1/√D
+                                                                              unless given
         out    = concat(head_1, ..., head_H) Wo + bo
 
     Calls return an ``(out, weights)`` pair like ``nn.MultiheadAttention``'s
@@ -146,6 +145,7 @@ class MultiHeadAttention(nn.Module):
         rope_base: float = 10000.0,
         rope_interleaved: bool = False,
         alibi: bool = False,
+        scale: float | None = None,
         batch_first: bool = True,
         add_bias_kv: bool = False,
         add_zero_attn: bool = False,
@@ -182,6 +182,7 @@ class MultiHeadAttention(nn.Module):
                 f"head_dim: RoPE rotates pairs of features, expected an even D, got {D}"
             )
         self.alibi = check_flag(alibi, "alibi")
+        self.scale = None if scale is None else check_scale(scale, D)
         self.dropout = check_probability(dropout, "dropout")
         if isinstance(v_gain, bool) or not isinstance(v_gain, (int, float)) or not (
             math.isfinite(v_gain) and v_gain >= 0
@@ -233,6 +234,8 @@ class MultiHeadAttention(nn.Module):
                          f"rope_interleaved={self.rope_interleaved}")
         if self.alibi:
             parts.append("alibi=True")
+        if self.scale is not None:
+            parts.append(f"scale={self.scale:g}")
         if not self.batch_first:
             parts.append("batch_first=False")
         if self.bias_k is not None:
@@ -371,7 +374,7 @@ class MultiHeadAttention(nn.Module):
                 bias = F.pad(bias, (0, extra), value=0.0)  # (B, H, T, S')
         k = repeat_kv(k, H // Hkv)  # (B, H, S', D)
         v = repeat_kv(v, H // Hkv)  # (B, H, S', Dv)
-        scale = 1.0 / math.sqrt(D)
+        scale = 1.0 / math.sqrt(D) if self.scale is None else self.scale
         if debug.debug_checks_enabled():
             debug.check_tensor_score_range(q, k, bias, scale)
         dropout_p = self.dropout if self.training else 0.0

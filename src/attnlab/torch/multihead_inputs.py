@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..errors import AttnlabError, check_broadcastable, check_flag
+from ..checks import check_broadcastable, check_flag
+from ..errors import AttnlabError
 from ..shapes import check_key_padding_shape, check_module_inputs
 from . import debug
 from .checks import as_bool_tensor, check_same_device, module_input

@@ -45,7 +45,7 @@ def multihead_from_numpy(
         value_head_dim=mha.value_head_dim, d_context=mha.Wk.shape[0],
         d_value_context=mha.Wv.shape[0],
         d_out=mha.Wo.shape[1], device=device, dtype=dtype,
-        rope=mha.rope is not None, alibi=mha.alibi,
+        rope=mha.rope is not None, alibi=mha.alibi, scale=mha.scale,
         rope_base=mha.rope.base if mha.rope is not None else 10000.0,
         rope_interleaved=mha.rope.interleaved if mha.rope is not None else False,
     )
@@ -89,6 +89,7 @@ def multihead_to_numpy(module: Any) -> np_multihead.MultiHeadAttention:
         bo=to_optional_array(module.out_proj.bias),
         rope=rope,
         alibi=module.alibi,
+        scale=module.scale,
     )
 
 

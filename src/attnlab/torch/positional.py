@@ -20,15 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import (
-    AttnlabError,
-    ShapeError,
-    check_alloc,
-    check_flag,
-    check_positive_int,
-    shape_str,
-)
+from ..checks import check_alloc, check_flag, check_positive_int, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..positional import SinusoidalPositionalEncoding
+from ..positional_relative import check_rope_head_dim
 from . import debug
 from .checks import as_float_tensor, check_positive_float, check_probability, check_same_device
 from .kernel import compute_dtype
@@ -169,15 +164,6 @@ class PositionalEncoding(nn.Module):
         return SinusoidalPositionalEncoding(self.d_model, self.max_len, base=self.base)
 
 
-def _check_head_dim(head_dim: Any) -> int:
-    head_dim = check_positive_int(head_dim, "head_dim")
-    if head_dim % 2:
-        raise AttnlabError(
-            f"head_dim: RoPE rotates pairs of features, expected an even D, got {head_dim}"
-        )
-    return head_dim
-
-
 def _as_positions(positions: Any, length: int | None, device: Any) -> torch.Tensor:  # -> (T,)
     """None = arange(T); an int p = p + arange(T); else an int tensor (T,) of positions >= 0."""
     if positions is None or (isinstance(positions, int) and not isinstance(positions, bool)):
@@ -223,7 +209,7 @@ def rope_angles(
     >>> cos.shape, sin.shape
     (torch.Size([3, 4]), torch.Size([3, 4]))
     """
-    head_dim = _check_head_dim(head_dim)
+    head_dim = check_rope_head_dim(head_dim)
     base = check_positive_float(base, "base")
     interleaved = check_flag(interleaved, "interleaved")
     pos = _as_positions(positions, None, device)

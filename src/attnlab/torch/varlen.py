@@ -30,8 +30,9 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from ..errors import check_flag, check_scale
-from ..fast.varlen import check_sequences, check_varlen_shapes, length_groups
+from ..checks import check_flag, check_scale
+from ..fast.varlen import check_sequences, check_varlen_shapes
+from ..fast.varlen_layout import packed_groups
 from ..kernel import check_softcap
 from ..shapes import attention_band, check_window_pair
 from . import debug
@@ -114,12 +115,8 @@ def _attend_packed(
     G = H // Hkv
     pieces: list[torch.Tensor] = []
     rows: list[np.ndarray] = []
-    for (T, S), members in length_groups(cu_q, cu_k).items():
-        if T == 0:
-            continue
-        n = len(members)
-        rows_q = cu_q[members][:, None] + np.arange(T)  # (n, T)
-        rows_k = cu_k[members][:, None] + np.arange(S)  # (n, S)
+    for T, S, rows_q, rows_k in packed_groups(cu_q, cu_k):
+        n = len(rows_q)
         index_q = torch.from_numpy(rows_q.reshape(-1)).to(q.device)
         index_k = torch.from_numpy(rows_k.reshape(-1)).to(q.device)
         q_g = q.index_select(0, index_q).reshape(n, T, Hkv, G, D).permute(0, 2, 3, 1, 4)

@@ -2,10 +2,10 @@
 decoder on attnlab.torch, a seeded trainer, attention snapshots scored by the
 :mod:`attnlab.lens.heads` detectors, and head ablation during evaluation.
 
-    from attnlab.train import ModelConfig, TrainConfig, train
+    from attnlab.train import DecoderConfig, TrainConfig, train
     from attnlab.train.tasks import make_task
     task = make_task("induction")
-    result = train(task, ModelConfig(task.vocab_size, task.seq_len, attn_only=True),
+    result = train(task, DecoderConfig(task.vocab_size, task.seq_len, attn_only=True),
                    TrainConfig(steps=300))
     result.head_scores["induction"]      # (L, H)
 
@@ -26,7 +26,7 @@ except ImportError:  # attnlab.train.tasks still imports; the names below raise 
     pass
 else:
     from .defaults import DEFAULTS, defaults_for
-    from .model import POSITIONS, Decoder, ModelConfig
+    from .model import POSITIONS, Decoder, DecoderConfig
     from .trainer import (
         Evaluation,
         TrainConfig,
@@ -43,7 +43,7 @@ __all__ = [
     "POSITIONS",
     "Decoder",
     "Evaluation",
-    "ModelConfig",
+    "DecoderConfig",
     "TrainConfig",
     "TrainResult",
     "ablation_check",
@@ -56,8 +56,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Without torch, every name of ``__all__`` raises the ImportError that says how to
+    """``ModelConfig``: the former name of :class:`DecoderConfig` (deprecated, warns).
+    Without torch, every name of ``__all__`` raises the ImportError that says how to
     install it (``attnlab.train.tasks`` needs no torch, so the package imports)."""
-    if name in __all__:
+    if name == "ModelConfig" and "DecoderConfig" in globals():
+        from . import model
+
+        return model.ModelConfig
+    if name in __all__ or name == "ModelConfig":
         raise missing_extra("torch", "torch", "attnlab.train")
     raise AttributeError(f"module 'attnlab.train' has no attribute {name!r}")

@@ -19,22 +19,22 @@ from typing import Any
 __all__ = ["DEFAULTS", "defaults_for"]
 
 _SEQUENCE: dict[str, dict[str, Any]] = {
-    "model": {"d_model": 64, "num_heads": 4, "num_layers": 2, "positions": "learned"},
+    "model": {"d_model": 64, "num_heads": 4, "num_layers": 2, "pos": "learned"},
     "train": {"steps": 1000, "batch_size": 64, "lr": 3e-3, "warmup": 100},
 }
 
-#: task name -> {"model": ModelConfig options, "train": TrainConfig options}
+#: task name -> {"model": DecoderConfig options, "train": TrainConfig options}
 DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "sort": _SEQUENCE,
     "reverse": _SEQUENCE,
     "copy": _SEQUENCE,
     "induction": {
         "model": {"d_model": 64, "num_heads": 4, "num_layers": 2, "attn_only": True,
-                  "positions": "rope"},
+                  "pos": "rope"},
         "train": {"steps": 800, "batch_size": 64, "lr": 3e-3, "warmup": 100},
     },
     "modadd": {
-        "model": {"d_model": 64, "num_heads": 4, "num_layers": 1, "positions": "learned"},
+        "model": {"d_model": 64, "num_heads": 4, "num_layers": 1, "pos": "learned"},
         "train": {"steps": 3000, "batch_size": 264, "lr": 3e-3, "warmup": 100,
                   "weight_decay": 1.0},
     },

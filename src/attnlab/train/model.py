@@ -27,21 +27,23 @@ its mean over a reference batch. Every intermediate is a named hook point
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import InitVar, asdict, dataclass
 from numbers import Integral
 from typing import Any, Literal, cast
 
 import torch
 from torch import nn
 
-from ..errors import AttnlabError, check_flag, check_positive_int
+from ..checks import check_flag, check_positive_int
+from ..errors import AttnlabError
 from ..hooks import HookSite, attached
 from ..messages import msg
 from ..torch import LayerNorm, MultiHeadAttention, PositionalEncoding
 
-__all__ = ["POSITIONS", "ModelConfig", "Decoder", "Block", "AblationMode"]
+__all__ = ["POSITIONS", "DecoderConfig", "Decoder", "Block", "AblationMode"]
 
 Positions = Literal["learned", "sinusoidal", "rope", "none"]
 POSITIONS: tuple[Positions, ...] = ("learned", "sinusoidal", "rope", "none")
@@ -49,11 +51,13 @@ AblationMode = Literal["zero", "mean"]
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class DecoderConfig:
     """Sizes and options of :class:`Decoder`.
 
     ``head_dim`` (D) defaults to E // H; ``d_ff`` (F) to 4E; ``max_len`` is the longest
-    input (T) the position table holds.
+    input (T) the position table holds; ``pos`` is the positional encoding, one of
+    :data:`POSITIONS` (the name ``explain(pos=)`` and ``attnlab train --pos`` use).
+    ``positions=`` is the former name of ``pos`` (deprecated, warns).
     """
 
     vocab_size: int
@@ -64,11 +68,16 @@ class ModelConfig:
     head_dim: int | None = None
     d_ff: int | None = None
     attn_only: bool = False
-    positions: Positions = "learned"
+    pos: Positions = "learned"
     norm: Literal["pre", "post"] = "pre"
     scale: bool = True
+    positions: InitVar[Positions | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, positions: Positions | None) -> None:
+        if positions is not None:
+            warnings.warn("DecoderConfig(positions=...) is deprecated: say pos=...",
+                          DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "pos", positions)
         for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers"):
             check_positive_int(getattr(self, name), name)
         for name in ("head_dim", "d_ff"):
@@ -76,14 +85,14 @@ class ModelConfig:
                 check_positive_int(getattr(self, name), name)
         for name in ("attn_only", "scale"):
             check_flag(getattr(self, name), name)
-        if self.positions not in POSITIONS:
-            raise AttnlabError(f"positions: expected one of {', '.join(POSITIONS)}, "
-                               f"got {self.positions!r}")
+        if self.pos not in POSITIONS:
+            raise AttnlabError(f"pos: expected one of {', '.join(POSITIONS)}, "
+                               f"got {self.pos!r}")
         if self.norm not in ("pre", "post"):
             raise AttnlabError(f"norm: expected 'pre' or 'post', got {self.norm!r}")
         if self.head_dim is None and self.d_model % self.num_heads:
             raise AttnlabError(msg("train.d_model_heads", heads=self.num_heads, got=self.d_model))
-        if self.positions == "rope" and self.D % 2:
+        if self.pos == "rope" and self.D % 2:
             raise AttnlabError(msg("train.rope_even", got=self.D))
 
     @property
@@ -97,12 +106,12 @@ class ModelConfig:
 class Block(nn.Module):
     """One decoder block (see the module doc), with attnlab's hook point names."""
 
-    def __init__(self, config: ModelConfig, generator: torch.Generator) -> None:
+    def __init__(self, config: DecoderConfig, generator: torch.Generator) -> None:
         super().__init__()
         E, H, D = config.d_model, config.num_heads, config.D
         self.norm_placement = config.norm
         self.num_heads, self.head_dim = H, D
-        self.attn = MultiHeadAttention(H, E, head_dim=D, rope=config.positions == "rope",
+        self.attn = MultiHeadAttention(H, E, head_dim=D, rope=config.pos == "rope",
                                        generator=generator)
         self.norm1 = LayerNorm(E)
         self.ffn: nn.Sequential | None = None
@@ -171,18 +180,18 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    """The causal decoder of :class:`ModelConfig`, initialised from ``seed``.
+    """The causal decoder of :class:`DecoderConfig`, initialised from ``seed``.
 
-    >>> model = Decoder(ModelConfig(vocab_size=10, max_len=8, d_model=16, num_heads=2))
+    >>> model = Decoder(DecoderConfig(vocab_size=10, max_len=8, d_model=16, num_heads=2))
     >>> logits, weights = model(torch.zeros(3, 8, dtype=torch.long), return_weights=True)
     >>> tuple(logits.shape), tuple(weights.shape)
     ((3, 8, 10), (3, 2, 2, 8, 8))
     """
 
-    def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
+    def __init__(self, config: DecoderConfig, *, seed: int = 0) -> None:
         super().__init__()
-        if not isinstance(config, ModelConfig):
-            raise AttnlabError(f"config: expected a ModelConfig, got {type(config).__name__}")
+        if not isinstance(config, DecoderConfig):
+            raise AttnlabError(f"config: expected a DecoderConfig, got {type(config).__name__}")
         self.config = config
         generator = torch.Generator().manual_seed(check_positive_int(seed, "seed",
                                                                      allow_zero=True))
@@ -190,10 +199,10 @@ class Decoder(nn.Module):
         self.embed = nn.Embedding(V, E)
         nn.init.normal_(self.embed.weight, std=0.02, generator=generator)
         self.position: nn.Module | None = None
-        if config.positions == "learned":
+        if config.pos == "learned":
             self.position = nn.Embedding(config.max_len, E)
             nn.init.normal_(self.position.weight, std=0.02, generator=generator)
-        elif config.positions == "sinusoidal":
+        elif config.pos == "sinusoidal":
             self.position = PositionalEncoding(E, config.max_len, dtype=torch.float32)
         self.blocks = nn.ModuleList(Block(config, generator) for _ in range(config.num_layers))
         self.layers: list[Block] = [cast(Block, block) for block in self.blocks]  # typed view
@@ -300,3 +309,11 @@ class Decoder(nn.Module):
 
 def _is_head_output(name: str) -> bool:
     return name.startswith("blocks.") and name.endswith(".attn.hook_z")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ModelConfig":  # the former name, kept for a while
+        warnings.warn("attnlab.train.ModelConfig is deprecated: it is DecoderConfig",
+                      DeprecationWarning, stacklevel=2)
+        return DecoderConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnlabError, check_positive_int
+from ..checks import check_positive_int
+from ..errors import AttnlabError
 
 __all__ = [
     "IGNORE",

@@ -14,6 +14,10 @@ are kept, and every head is scored by the :mod:`attnlab.lens.heads` detectors ov
 the whole batch. The library never prints: ``on_step(step, steps, loss)`` is called
 after every update, and the command line draws its progress bar from it.
 
+What a run records is defined in :mod:`attnlab.train.results`; the held-out
+evaluation and the ablations in :mod:`attnlab.train.evaluation`. This module
+exports their names too.
+
 Dimension legend: K snapshots, L layers, H heads, T tokens, V vocabulary size.
 """
 
@@ -21,18 +25,25 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import AttnlabError, check_positive_int
+from ..errors import AttnlabError
 from ..lens.heads import DETECTORS, all_head_scores
-from ..messages import msg
-from .model import AblationMode, Decoder, ModelConfig
+from .evaluation import INDUCTION_HEAD_SCORE, ablation_check, evaluate
+from .model import Decoder, DecoderConfig
+from .results import (
+    GENERIC_DETECTORS_APPLY,
+    TASK_DETECTORS,
+    Evaluation,
+    TrainConfig,
+    TrainResult,
+    next_output_scores,
+    snapshot_steps,
+)
 from .tasks import IGNORE, Task
 
 __all__ = ["TrainConfig", "TrainResult", "Evaluation", "train", "evaluate", "snapshot_steps",
@@ -40,210 +51,6 @@ __all__ = ["TrainConfig", "TrainResult", "Evaluation", "train", "evaluate", "sna
            "GENERIC_DETECTORS_APPLY"]
 
 StepCallback = Callable[[int, int, float], None]
-
-#: The detectors written for one task, recorded beside the generic ones of
-#: :mod:`attnlab.lens.heads`.
-TASK_DETECTORS: dict[str, tuple[str, ...]] = {"sort": ("next_output",)}
-
-#: The tasks on which the generic detectors (previous-token, duplicate-token,
-#: induction) describe what a head is for. On sort they describe nothing: a head
-#: that sorts looks up the next digit to emit wherever it sits in the prompt.
-GENERIC_DETECTORS_APPLY: frozenset[str] = frozenset({"induction", "copy", "reverse", "modadd"})
-
-
-def next_output_scores(
-    weights: Any, inputs: Any, targets: Any, prompt_len: int
-) -> np.ndarray:
-    """How much each head attends to the next output: (B, L, H, T, T) -> (L, H).
-
-    At a scored position t (``targets[b, t] != IGNORE``) the model is about to emit
-    ``targets[b, t]``. The head's score there is the weight it puts on the prompt
-    positions j < ``prompt_len`` whose token is that value (all copies of it, when
-    the digit repeats), and the score is the mean over every scored position of
-    every example. A head that looks exactly at the next output scores 1; one that
-    spreads its weight evenly over the t + 1 positions it may see (causal) scores
-    the mean of count / (t + 1), count being how often the value is in the prompt.
-
-    On sort, ``prompt_len`` is ``task.answer_start + 1`` (the unsorted digits).
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    ids, tgt = np.asarray(inputs), np.asarray(targets)
-    if w.ndim != 5 or w.shape[-1] != w.shape[-2]:
-        raise AttnlabError(msg("train.next_output_weights", shape=w.shape))
-    B, _, _, T, _ = w.shape
-    if ids.shape != (B, T) or tgt.shape != (B, T):
-        raise AttnlabError(msg("train.next_output_rows", expected=(B, T), inputs=ids.shape,
-                               targets=tgt.shape))
-    prompt_len = check_positive_int(prompt_len, "prompt_len")
-    if prompt_len > T:
-        raise AttnlabError(msg("train.next_output_prompt", T=T, got=prompt_len))
-    scored = tgt != IGNORE  # (B, T)
-    if not scored.any():
-        raise AttnlabError(msg("train.next_output_unscored"))
-    # match[b, t, j]: the prompt token at j is the value emitted after position t
-    match = (ids[:, None, :prompt_len] == tgt[:, :, None]) & scored[:, :, None]  # (B, T, P)
-    on_next = np.einsum("blhtj,btj->blht", w[..., :prompt_len], match.astype(np.float64))
-    return on_next.sum(axis=(0, 3)) / scored.sum()  # (L, H)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation settings of :func:`train` (see the module doc)."""
-
-    steps: int = 2000
-    batch_size: int = 64
-    lr: float = 1e-3
-    warmup: int = 0
-    weight_decay: float = 0.0
-    grad_clip: float | None = 1.0
-    seed: int = 0
-    snapshots: int = 41
-    snapshot_batch: int = 100
-    eval_batch: int = 1000
-
-    def __post_init__(self) -> None:
-        check_positive_int(self.steps, "steps")
-        for name in ("batch_size", "snapshots", "snapshot_batch", "eval_batch"):
-            check_positive_int(getattr(self, name), name)
-        check_positive_int(self.warmup, "warmup", allow_zero=True)
-        check_positive_int(self.seed, "seed", allow_zero=True)
-        for name in ("lr", "weight_decay"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
-                raise AttnlabError(msg("train.finite_positive", name=name, got=repr(value)))
-        if self.grad_clip is not None and not (
-                isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
-            raise AttnlabError(f"grad_clip: expected a number > 0 or None, got {self.grad_clip!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """The model on a task's held-out split.
-
-    ``accuracy``: exact match, the share of examples whose every scored token is the
-    argmax (teacher-forced; when all are right this is also what greedy decoding
-    writes). ``position_loss`` (T,): mean loss at each scored position (NaN where
-    nothing is scored). For induction, ``first_half_loss`` / ``second_half_loss``:
-    the mean loss on predicting the first copy's tokens and the repeat's.
-    """
-
-    loss: float
-    accuracy: float
-    position_loss: np.ndarray = field(repr=False)
-    first_half_loss: float | None = None
-    second_half_loss: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"loss": self.loss, "accuracy": self.accuracy,
-                "first_half_loss": self.first_half_loss,
-                "second_half_loss": self.second_half_loss,
-                "position_loss": [None if math.isnan(x) else float(x)
-                                  for x in self.position_loss]}
-
-
-@dataclass(eq=False)
-class TrainResult:
-    """What :func:`train` learned and saw. Arrays: ``losses`` (steps,), ``snapshots``
-    (K, L, H, T, T) float32 on ``snapshot_tokens`` (T,), ``head_history`` {detector: (K, L, H)},
-    ``heldout_loss`` (K,)."""
-
-    task: Task
-    model_config: ModelConfig
-    config: TrainConfig
-    model: Decoder
-    losses: np.ndarray
-    snapshot_steps: list[int]
-    snapshots: np.ndarray
-    snapshot_tokens: np.ndarray
-    head_history: dict[str, np.ndarray]
-    heldout_loss: np.ndarray
-    evaluation: Evaluation
-    seconds: float
-    diverged_at: int | None = None
-    score_options: dict[str, bool] = field(default_factory=dict)
-
-    @property
-    def head_scores(self) -> dict[str, np.ndarray]:
-        """Every detector's (L, H) scores at the last snapshot."""
-        return {name: history[-1] for name, history in self.head_history.items()}
-
-    def next_output_uniform(self) -> float:
-        """The next-output score of a head that attends evenly to every position it may
-        see (causal), on the snapshot batch: the baseline a trained head should beat."""
-        B = min(self.config.snapshot_batch, len(self.task.heldout_inputs))
-        T = self.task.seq_len
-        causal = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]  # (T, T)
-        uniform = np.broadcast_to(causal, (B, 1, 1, T, T))
-        return float(next_output_scores(uniform, self.task.heldout_inputs[:B],
-                                        self.task.heldout_targets[:B],
-                                        self.task.answer_start + 1)[0, 0])
-
-    def phase_change_step(self) -> int | None:
-        """The snapshot step where the best head's induction score rose the most (for the
-        induction task), else where the held-out loss fell the most; None with < 2 snapshots."""
-        if len(self.snapshot_steps) < 2:
-            return None
-        if self.task.name == "induction":
-            curve = -self.head_history["induction"].max(axis=(1, 2))  # (K,)
-        else:
-            curve = self.heldout_loss
-        drops = curve[:-1] - curve[1:]  # (K - 1,)
-        if not np.isfinite(drops).any():
-            return None
-        return self.snapshot_steps[int(np.nanargmax(drops)) + 1]
-
-    def metrics(self) -> dict[str, Any]:
-        """The metrics.json content (see ``attnlab train``)."""
-        final_loss = float(self.losses[-1]) if len(self.losses) else None
-        finite = np.flatnonzero(np.isfinite(self.losses))
-        out: dict[str, Any] = {
-            "task": self.task.name,
-            "task_options": self.task.options,
-            "steps": self.config.steps,
-            "seed": self.config.seed,
-            "seconds": round(self.seconds, 3),
-            "final_loss": _finite(final_loss),
-            "heldout_loss": _finite(self.evaluation.loss),
-            "heldout_examples": int(len(self.task.heldout_inputs)),
-            "diverged_at": self.diverged_at,
-            # the last step whose training loss was finite (1-based), and that loss
-            "last_finite_step": int(finite[-1]) + 1 if len(finite) else None,
-            "last_finite_loss": float(self.losses[finite[-1]]) if len(finite) else None,
-            "model": self.model_config.to_dict(),
-            "train": self.config.to_dict(),
-            "parameters": int(sum(p.numel() for p in self.model.parameters())),
-        }
-        if self.task.name == "induction":
-            out["first_half_loss"] = _finite(self.evaluation.first_half_loss)
-            out["second_half_loss"] = _finite(self.evaluation.second_half_loss)
-            out["period"] = self.task.period
-        else:
-            out["heldout_accuracy"] = self.evaluation.accuracy
-        out["head_scores"] = {name: scores.tolist() for name, scores in self.head_scores.items()}
-        out["head_score_options"] = self.score_options
-        out["history"] = {
-            "steps": list(self.snapshot_steps),
-            "heldout_loss": [_finite(x) for x in self.heldout_loss],
-            "head_scores": {name: history.tolist() for name, history in
-                            self.head_history.items()},
-        }
-        if "next_output" in self.head_history:
-            out["next_output_uniform"] = self.next_output_uniform()
-        out["phase_change_step"] = self.phase_change_step()
-        return out
-
-
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else float(value)
-
-
-def snapshot_steps(steps: int, count: int) -> list[int]:
-    """``count`` steps from 0 (before training) to ``steps``, evenly spaced, no repeats."""
-    return sorted({round(i * steps / max(count - 1, 1)) for i in range(count)} | {steps})
 
 
 def _learning_rate(config: TrainConfig, step: int) -> float:
@@ -263,7 +70,7 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def train(
     task: Task,
-    model_config: ModelConfig,
+    model_config: DecoderConfig,
     config: TrainConfig | None = None,
     *,
     on_step: StepCallback | None = None,
@@ -360,100 +167,3 @@ def train(
         seconds=time.perf_counter() - start, diverged_at=diverged_at,
         score_options={"exclude_bos": exclude_bos, "exclude_current_token": False},
     )
-
-
-def evaluate(
-    model: Decoder,
-    task: Task,
-    *,
-    ablate: Sequence[tuple[int, int]] = (),
-    mode: AblationMode = "zero",
-    batch: int = 1000,
-) -> Evaluation:
-    """The model on the whole held-out split, with the ``ablate`` (layer, head) pairs
-    zero- or mean-ablated (the means over the held-out split itself)."""
-    batch = check_positive_int(batch, "batch")
-    inputs = torch.from_numpy(task.heldout_inputs)  # (N, T)
-    targets = torch.from_numpy(task.heldout_targets)  # (N, T)
-    scored = targets != IGNORE  # (N, T)
-    was_training = model.training
-    model.eval()
-    total = torch.zeros(task.seq_len, dtype=torch.float64)  # (T,)
-    correct = torch.zeros(len(inputs), dtype=torch.bool)  # (N,)
-    try:
-        with torch.no_grad(), model.ablate(ablate, mode, reference=inputs if ablate and
-                                           mode == "mean" else None, name="ablate"):
-            for first in range(0, len(inputs), batch):
-                ids, tgt = inputs[first:first + batch], targets[first:first + batch]
-                logits = model(ids)  # (b, T, V)
-                nll = F.cross_entropy(logits.transpose(1, 2), tgt.clamp(min=0),
-                                      reduction="none")  # (b, T)
-                keep = scored[first:first + batch]
-                total += torch.where(keep, nll, 0.0).sum(dim=0).double()
-                right = (logits.argmax(dim=-1) == tgt) | ~keep  # (b, T)
-                correct[first:first + batch] = right.all(dim=1)
-    finally:
-        model.train(was_training)
-    counts = scored.sum(dim=0).double()  # (T,)
-    position_loss = torch.where(counts > 0, total / counts.clamp(min=1), float("nan")).numpy()
-    loss = float(total.sum() / counts.sum())
-    first_half = second_half = None
-    if task.period is not None:  # predicting the first copy (random) vs the repeat
-        n = task.period
-        first_half = float(np.mean(position_loss[: n - 1]))
-        second_half = float(np.mean(position_loss[n:]))
-    return Evaluation(loss=loss, accuracy=float(correct.double().mean()),
-                      position_loss=position_loss, first_half_loss=first_half,
-                      second_half_loss=second_half)
-
-
-INDUCTION_HEAD_SCORE = 0.4
-"""A head of a later layer whose induction score is above this counts as an induction head."""
-
-
-def ablation_check(result: TrainResult) -> dict[str, Any]:
-    """What the heads of an induction run do, by taking them out on the held-out split.
-
-    Reported as the held-out loss on the repeat (``second_half_loss``; the first
-    copy's loss, which no head can lower, is in ``none``):
-
-    - ``per_head``: each head alone, zero- and mean-ablated, (L, H) each;
-    - ``induction_heads``: the heads after the first layer whose induction score is
-      above :data:`INDUCTION_HEAD_SCORE`, ablated together;
-    - ``other_heads``: every head that is neither one of those nor the best
-      previous-token head of the first layer, ablated together (the control).
-
-    Layers and heads are 0-based. Only for tasks with a period (induction).
-    """
-    task = result.task
-    if task.period is None:
-        raise AttnlabError(f"result: expected a run on the induction task, got {task.name}")
-    induction = result.head_scores["induction"]  # (L, H)
-    previous = result.head_scores["previous_token"]  # (L, H)
-    L, H = induction.shape
-    first = 1 if L > 1 else 0
-    heads = [(layer, head) for layer in range(first, L) for head in range(H)
-             if induction[layer, head] > INDUCTION_HEAD_SCORE]
-    feeding = (0, int(np.argmax(previous[0])))
-    others = [(layer, head) for layer in range(L) for head in range(H)
-              if (layer, head) not in heads and (layer, head) != feeding]
-    plain = evaluate(result.model, task)
-
-    def repeat_loss(chosen: list[tuple[int, int]], mode: AblationMode) -> float | None:
-        if not chosen:
-            return None
-        return evaluate(result.model, task, ablate=chosen, mode=mode).second_half_loss
-
-    per_head = {mode: [[repeat_loss([(layer, head)], mode) for head in range(H)]
-                       for layer in range(L)] for mode in ("zero", "mean")}
-    return {
-        "none": {"first_half_loss": plain.first_half_loss,
-                 "second_half_loss": plain.second_half_loss},
-        "induction_head_score": INDUCTION_HEAD_SCORE,
-        "induction_heads": [list(pair) for pair in heads],
-        "previous_token_head": list(feeding),
-        "other_heads": [list(pair) for pair in others],
-        "induction_heads_ablated": {mode: repeat_loss(heads, mode) for mode in ("zero", "mean")},
-        "other_heads_ablated": {mode: repeat_loss(others, mode) for mode in ("zero", "mean")},
-        "per_head": per_head,
-    }

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from ..errors import AttnlabError, describe, shape_str
+from ..checks import describe, shape_str
+from ..errors import AttnlabError
 from ..torch.checks import as_bool_tensor
 from .flash import flash_attention
 

@@ -23,7 +23,8 @@ from typing import Any, Literal, overload
 import torch
 import triton
 
-from ..errors import AttnlabError, ShapeError, check_flag, check_scale, shape_str
+from ..checks import check_flag, check_scale, shape_str
+from ..errors import AttnlabError, ShapeError
 from ..shapes import check_key_padding_shape
 from ..torch.checks import as_float_tensor, check_same_device
 from . import kernels

@@ -42,6 +42,48 @@ import triton.language as tl
 
 
 @triton.jit
+def _load_key_tile(
+    base, offs_n, offs_d, S,  # pointer to a (S, D) matrix; (BN,) rows, (D,) columns; S
+    HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, TRANSPOSED: tl.constexpr,
+):
+    """Rows ``offs_n`` of a row-major (S, D) key or value matrix: (BN, D), or (D, BN) when
+    TRANSPOSED. With MASKED (a ragged last tile), rows past S load as 0."""
+    if TRANSPOSED:
+        ptrs = base + offs_n[None, :] * HEAD_DIM + offs_d[:, None]  # (D, BN)
+        in_range = offs_n[None, :] < S  # (1, BN)
+    else:
+        ptrs = base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]  # (BN, D)
+        in_range = offs_n[:, None] < S  # (BN, 1)
+    if MASKED:
+        tile = tl.load(ptrs, mask=in_range, other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _key_range(
+    start_m, T, S,  # the block's first query; lengths
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+):
+    """The keys one block of queries reads, as (n_full, n_hi): tiles [0, n_full) every row
+    of the block sees whole (no mask needed), then [n_full, n_hi) the diagonal and ragged
+    ones. flash.py's Tiles skips tiles the causal mask removes entirely; here the range
+    simply stops at the last key the block's last query may see."""
+    causal_offset = S - T
+    if IS_CAUSAL:
+        n_hi = tl.minimum(S, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
+        # Tiles every row of the block sees whole: n0 + BLOCK_N − 1 <= start_m + (S − T).
+        n_full = tl.maximum(start_m + causal_offset + 1, 0) // BLOCK_N * BLOCK_N
+    else:
+        n_hi = S
+        n_full = S
+    n_full = tl.minimum(n_full, S // BLOCK_N * BLOCK_N)  # ... and that are not ragged
+    n_full = tl.minimum(n_full, n_hi)
+    return n_full, n_hi
+
+
+@triton.jit
 def _forward_tiles(
     acc, row_sum, row_max,  # running state: (BM, D) f32, (BM,) f32, (BM,) f32
     q,  # (BM, D) this block's queries, in the input dtype
@@ -57,14 +99,8 @@ def _forward_tiles(
         offs_n = n0 + tl.arange(0, BLOCK_N)  # (BN,)
         # FA2 a1.L7: load Kⱼ, Vⱼ from HBM to on-chip SRAM. k is read transposed, (D, BN).
         # Rows past S (a ragged last tile) load as 0 and are masked below.
-        if MASKED:
-            k_t = tl.load(k_base + offs_n[None, :] * HEAD_DIM + offs_d[:, None],
-                          mask=offs_n[None, :] < S, other=0.0)  # (D, BN)
-            v = tl.load(v_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
-                        mask=offs_n[:, None] < S, other=0.0)  # (BN, D)
-        else:
-            k_t = tl.load(k_base + offs_n[None, :] * HEAD_DIM + offs_d[:, None])  # (D, BN)
-            v = tl.load(v_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :])  # (BN, D)
+        k_t = _load_key_tile(k_base, offs_n, offs_d, S, HEAD_DIM, MASKED, True)  # (D, BN)
+        v = _load_key_tile(v_base, offs_n, offs_d, S, HEAD_DIM, MASKED, False)  # (BN, D)
         # FA2 a1.L8: Sᵢʲ = Qᵢ Kⱼᵀ (scaled); flash.py: s = q kⱼᵀ · scale, with log2(e) folded
         # in as flash.py's ScoreUnits does for base 2. float32 accumulation in the dot.
         scores = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale  # (BM, BN) base-2 units
@@ -122,18 +158,8 @@ def flash_forward_kernel(
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
-    # The key range. flash.py's Tiles skips tiles the causal mask removes entirely; here
-    # the loop simply stops at the last key the block's last query may see.
     causal_offset = S - T
-    if IS_CAUSAL:
-        n_hi = tl.minimum(S, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
-        # Tiles every row of the block sees whole: n0 + BLOCK_N − 1 <= start_m + (S − T).
-        n_full = tl.maximum(start_m + causal_offset + 1, 0) // BLOCK_N * BLOCK_N
-    else:
-        n_hi = S
-        n_full = S
-    n_full = tl.minimum(n_full, S // BLOCK_N * BLOCK_N)  # ... and that are not ragged
-    n_full = tl.minimum(n_full, n_hi)
+    n_full, n_hi = _key_range(start_m, T, S, BLOCK_M, BLOCK_N, IS_CAUSAL)
     # FA2 a1.L6: "for 1 ≤ j ≤ T_c", in two runs: whole tiles, then the diagonal/ragged ones.
     acc, row_sum, row_max = _forward_tiles(
         acc, row_sum, row_max, q, k_base, v_base, pad_base, offs_m, offs_d, 0, n_full,
@@ -188,14 +214,8 @@ def _dq_tiles(
     for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)  # (BN,)
         # FA2 a2.L6: load Kⱼ, Vⱼ (both transposed here, (D, BN)).
-        if MASKED:
-            k_t = tl.load(k_base + offs_n[None, :] * HEAD_DIM + offs_d[:, None],
-                          mask=offs_n[None, :] < S, other=0.0)  # (D, BN)
-            v_t = tl.load(v_base + offs_n[None, :] * HEAD_DIM + offs_d[:, None],
-                          mask=offs_n[None, :] < S, other=0.0)  # (D, BN)
-        else:
-            k_t = tl.load(k_base + offs_n[None, :] * HEAD_DIM + offs_d[:, None])  # (D, BN)
-            v_t = tl.load(v_base + offs_n[None, :] * HEAD_DIM + offs_d[:, None])  # (D, BN)
+        k_t = _load_key_tile(k_base, offs_n, offs_d, S, HEAD_DIM, MASKED, True)  # (D, BN)
+        v_t = _load_key_tile(v_base, offs_n, offs_d, S, HEAD_DIM, MASKED, True)  # (D, BN)
         # FA2 a2.L10: Sᵢʲ = Qᵢ Kⱼᵀ; a2.L11: Pᵢʲ = exp(Sᵢʲ − Lᵢ), rebuilt from the stored
         # lse as flash.py's tile_weights does (base 2 throughout, so no rounding of units).
         scores = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale  # (BM, BN)
@@ -247,13 +267,7 @@ def flash_dq_kernel(
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     causal_offset = S - T
-    if IS_CAUSAL:  # the same key range as the forward's
-        n_hi = tl.minimum(S, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
-        n_full = tl.maximum(start_m + causal_offset + 1, 0) // BLOCK_N * BLOCK_N
-    else:
-        n_hi = S
-        n_full = S
-    n_full = tl.minimum(tl.minimum(n_full, S // BLOCK_N * BLOCK_N), n_hi)
+    n_full, n_hi = _key_range(start_m, T, S, BLOCK_M, BLOCK_N, IS_CAUSAL)  # the forward's
     dq = _dq_tiles(dq, q, dout, lse2, delta, k_base, v_base, pad_base, offs_m, offs_d, 0,
                    n_full, S, causal_offset, qk_scale, HEAD_DIM, BLOCK_N, False, IS_CAUSAL,
                    HAS_PADDING, PRECISION)

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...errors import AttnlabError, ShapeError, check_text, shape_str
+from ...checks import check_text, shape_str
+from ...errors import AttnlabError, ShapeError
 from ...hooks import HookSite, attached
 from ...models import bert as np_bert
 from ...models import loading as np_loading
