@@ -66,6 +66,7 @@ def decoder_view(folder: Path, tokens: int) -> tuple[Any, tuple[int, ...], float
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging
 
+    from attnlab.hf import register
     from attnlab.lens.hf_runs import load_hf, run_hf
     from attnlab.lens.rollout import attention_rollout
     from attnlab.models.loading import minilm_path
@@ -80,6 +81,7 @@ def decoder_view(folder: Path, tokens: int) -> tuple[Any, tuple[int, ...], float
                          pad_token_id=0, bos_token_id=None, eos_token_id=None)
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    register()  # load_hf reads the hook points of attnlab's registered attention
     hf = load_hf(str(folder), max_length=tokens)
     run = run_hf(hf, TEXT * (tokens // 20 + 1))
     T = run.weights.shape[-1]
