@@ -258,6 +258,28 @@ def test_fully_masked_rows_give_zero_and_lse_minus_inf():
     assert not any(np.isnan(g).any() for g in (dq, dk, dv))
 
 
+def test_a_row_given_lse_minus_inf_passes_no_gradient_on_the_unbiased_path():
+    # Without a bias or soft cap the backward subtracts the lse inside the score matmul;
+    # a row whose lse says "nothing to attend to" must still pass no gradient there (its
+    # keys are allowed, so no mask zeroes it): dq's row is 0 and dk, dv are what the other
+    # rows give, i.e. the gradients with that row's dout zeroed (float32 sums of the same
+    # terms, rtol 1e-5).
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((2, 6, 4)).astype(np.float32) for _ in range(3))
+    out, lse = flash_attention(q, k, v, block_q=4, block_k=4, return_lse=True)
+    dout = rng.standard_normal(out.shape).astype(np.float32)
+    lse[1, 3] = -np.inf
+    dq, dk, dv = flash_attention_backward(q, k, v, out, lse, dout, block_q=4, block_k=4)
+    np.testing.assert_array_equal(dq[1, 3], 0.0)
+    quiet = dout.copy()
+    quiet[1, 3] = 0.0
+    _, lse_true = flash_attention(q, k, v, block_q=4, block_k=4, return_lse=True)
+    _, dk_ref, dv_ref = flash_attention_backward(q, k, v, out, lse_true, quiet, block_q=4,
+                                                 block_k=4)
+    np.testing.assert_allclose(dk, dk_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dv, dv_ref, rtol=1e-5, atol=1e-6)
+
+
 def test_causal_with_more_queries_than_keys():
     # Bottom-right alignment: the first T - S queries see nothing and get 0.
     rng = np.random.default_rng(2)
