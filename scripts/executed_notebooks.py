@@ -27,7 +27,6 @@ import functools
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,13 +64,17 @@ def executed(path: Path) -> nbformat.NotebookNode:
                                          resources={"metadata": {"path": str(path.parent)}})
         client.execute()
     if not errors(notebook):
-        # Only the newest result of each notebook is kept; written aside, then renamed,
-        # so a reader never sees half a file.
-        shutil.rmtree(folder, ignore_errors=True)
+        # Written aside, then renamed, so a reader never sees half a file; then the older
+        # results of this notebook go. Another process may be writing or reading the same
+        # folder (xdist workers, a docs build): only finished files other than this one are
+        # removed, and one already gone is no error.
         folder.mkdir(parents=True, exist_ok=True)
         partial = folder / f".{kept.name}.{os.getpid()}"
         nbformat.write(notebook, partial)
         os.replace(partial, kept)
+        for old in folder.glob("*.ipynb"):
+            if old != kept:
+                old.unlink(missing_ok=True)
     return notebook
 
 

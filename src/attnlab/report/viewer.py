@@ -73,7 +73,7 @@ from ..checks import as_float_array, check_text, make_folder, shape_str
 from ..errors import AttnlabError, ShapeError
 from ..lens.diagnostics import Diagnostics, diagnose
 from ..lens.weight_checks import check_weights
-from .page import csp_hash, script_json
+from .page import page_csp, script_json
 from .text import check_lang, shown_flags
 from .viewer_data import viewer_extras
 from .words import VIEWER_WORDS, Lang
@@ -206,11 +206,7 @@ def render_html(
         "row_px": _ROW_PX,
     }
     css, js = _asset("viewer.css").strip(), _asset("viewer.js").strip()
-    csp = (
-        "default-src 'none'; "
-        f"script-src '{csp_hash(js)}'; style-src '{csp_hash(css)}'; img-src data:; "
-        "base-uri 'none'; form-action 'none'"
-    )
+    csp = page_csp(css, js)
     page_title = html.escape(title if title is not None else words["title"])
     text = {key: html.escape(str(words[key])) for key in (
         "layer", "head", "head_view", "head_view_hint", "queries", "keys", "heatmap",
