@@ -150,6 +150,7 @@ def test_errors_are_chinese_one_line(capsys, argv):
     ["inspect", "--max-length", "9999"],
     ["lens"],
     ["lens", "--study", "a text"],
+    ["lens", "--model", "/nonexistent-model-folder", "a text"],
     ["ring", "--seq", "7"],
     ["ring", "--kv-heads", "3"],
     ["train"],

@@ -278,6 +278,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "train.needs_torch": ("attnlab train needs PyTorch, which is not installed. Install it with: pip install 'attnlab[torch]'",
                           "attnlab train 需要 PyTorch，但它没有安装。请用 pip install 'attnlab[torch]' 安装"),
     # ---- models
+    "models.not_a_dir": ("path: expected a model directory, got {got}", "path：需要一个模型文件夹，实际得到 {got}"),
+    "models.missing_files": ("path: {name} is missing {missing} (a BERT directory needs {needed})", "path：{name} 缺少 {missing}（BERT 模型文件夹需要 {needed}）"),
     "models.max_length": ("{name}: expected an integer in 1..{limit} (max_position_embeddings), got {got}", "{name}：需要 1..{limit} 之间的整数（max_position_embeddings），实际得到 {got}"),
 }
 

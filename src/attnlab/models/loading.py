@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import missing_extra
+from ..messages import msg
 from .bert import BertModel
 from .config import BertConfig, ModelFileError, is_json_int, short_repr
 
@@ -40,11 +41,11 @@ def load_bert(
         raise missing_extra("safetensors and tokenizers", "models", "Loading a model") from None
     folder = Path(path)
     if not folder.is_dir():
-        raise ModelFileError(f"path: expected a model directory, got {str(path)!r}")
+        raise ModelFileError(msg("models.not_a_dir", got=repr(str(path))))
     missing = [f for f in REQUIRED_FILES if not (folder / f).is_file()]
     if missing:
-        raise ModelFileError(f"path: {folder.name} is missing {', '.join(missing)} "
-                             f"(a BERT directory needs {', '.join(REQUIRED_FILES)})")
+        raise ModelFileError(msg("models.missing_files", name=folder.name,
+                                 missing=", ".join(missing), needed=", ".join(REQUIRED_FILES)))
     config = BertConfig.from_dict(_read_json(folder / "config.json"))
     if max_length is None:
         st_config = folder / "sentence_bert_config.json"
